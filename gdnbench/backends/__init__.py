@@ -1,0 +1,65 @@
+"""The explicit backend registry: name -> adapter factory (imports stay lazy)."""
+
+from __future__ import annotations
+
+from .base import MODES, ROUTES, Backend, Support  # noqa: F401
+
+
+def _reference():
+    from .reference import ReferenceBackend
+
+    return ReferenceBackend()
+
+
+def _fla():
+    from .fla import FlaBackend
+
+    return FlaBackend()
+
+
+def _gdnbench():
+    from .gdnbench import GdnbenchBackend
+
+    return GdnbenchBackend()
+
+
+def _helion():
+    from .planned import PlannedBackend
+
+    return PlannedBackend("helion", "helion", ("explicit", "flag", "fused_q"), "adapter not written yet (issue #6)")
+
+
+def _flashinfer():
+    from .planned import PlannedBackend
+
+    return PlannedBackend("flashinfer", "flashinfer-python", ("explicit", "flag"),
+                          "adapter not written yet (issue #6)")
+
+
+REGISTRY = {
+    "gdnbench": _gdnbench,
+    "fla": _fla,
+    "helion": _helion,
+    "flashinfer": _flashinfer,
+    "reference": _reference,
+}
+DEFAULT_BACKENDS = {"cuda": ("gdnbench", "fla", "helion", "flashinfer"), "cpu": ("reference", "gdnbench")}
+
+
+class UnknownBackend(ValueError):
+    pass
+
+
+def get(name: str) -> Backend:
+    """A registered backend by name, or a user's adapter class given as 'package.module:Class'."""
+    if ":" in name:
+        import importlib
+
+        mod, _, attr = name.partition(":")
+        try:
+            return getattr(importlib.import_module(mod), attr)()
+        except (ImportError, AttributeError) as e:
+            raise UnknownBackend(f"backend {name!r}: {e}") from None
+    if name not in REGISTRY:
+        raise UnknownBackend(f"unknown backend {name!r} (known: {', '.join(REGISTRY)})")
+    return REGISTRY[name]()

@@ -1,0 +1,59 @@
+"""Our own Triton kernels (gdnbench.ops): GDN forward with the normalization routes.
+
+`explicit` = our l2norm on q and k by the caller, then norm="none"; `flag` = the op's
+standalone l2norm pass; `fused_q` / `fused_qk` = the norm folded into the kernels.
+On the CPU the kernels run under TRITON_INTERPRET=1 (the worker sets it for --device cpu).
+"""
+
+from __future__ import annotations
+
+from .base import YES, Backend, no
+
+
+class GdnbenchBackend(Backend):
+    name = "gdnbench"
+    routes = ("explicit", "flag", "fused_q", "fused_qk")
+    families = ("gdn",)
+    devices = ("cuda", "cpu")
+
+    def is_available(self):
+        try:
+            from .. import ops  # noqa: F401
+        except Exception as e:  # triton missing or broken
+            return no(f"import gdnbench.ops failed: {type(e).__name__}: {e}".splitlines()[0])
+        return YES
+
+    def version(self):
+        from .. import __version__
+
+        return __version__
+
+    def supports(self, shape, route, mode, device):
+        base = super().supports(shape, route, mode, device)
+        if not base:
+            return base
+        if shape.K % 16 or shape.V % 16:
+            return no(f"K={shape.K}, V={shape.V}: our kernels need multiples of 16")
+        if device == "cpu" and shape.dtype == "bfloat16":
+            return no("bf16 dots are wrong under TRITON_INTERPRET=1 on the CPU; use fp32/fp16 shapes")
+        return YES
+
+    def variant(self, shape, route):
+        return f"gdnbench.ops.chunk_gdn norm={'none' if route == 'explicit' else route}, default config"
+
+    def prepare(self, shape, route, inputs):
+        from .. import ops
+
+        kw = dict(scale=inputs.scale, initial_state=inputs.initial_state, output_final_state=True)
+        if inputs.cu_seqlens is not None:
+            kw["cu_seqlens"] = inputs.cu_seqlens
+            if hasattr(ops, "prepare_varlen"):
+                kw["chunk_indices"] = ops.prepare_varlen(inputs.cu_seqlens, 64)
+        q, k, v, g, beta = inputs.q, inputs.k, inputs.v, inputs.g, inputs.beta
+        if route == "explicit":
+            def call():
+                return ops.chunk_gdn(ops.l2norm(q), ops.l2norm(k), v, g, beta, norm="none", **kw)
+        else:
+            def call():
+                return ops.chunk_gdn(q, k, v, g, beta, norm=route, **kw)
+        return call

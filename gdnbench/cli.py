@@ -1,0 +1,334 @@
+"""The `gdnbench` command: thin Typer commands that parse, call the library and render.
+
+Domain errors become a one-line message and exit code 2 here; no torch import at
+module load, so `gdnbench --help` is instant.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Optional
+
+import typer
+from rich.console import Console
+
+from . import report as rep
+from . import shapes as shp
+from .results import ResultsError
+
+app = typer.Typer(add_completion=False, no_args_is_help=True,
+                  help="Correctness-gated benchmarks of GDN / KDA linear-attention backends and q/k-norm routes.")
+shapes_app = typer.Typer(no_args_is_help=True, help="List, show, verify and freeze shape sets.")
+app.add_typer(shapes_app, name="shapes")
+console = Console()
+err_console = Console(stderr=True)
+
+EXIT_BAD_INPUT = 2
+EXIT_NO_DEVICE = 3
+CONTRACT_SETS = ("kda-legacy6", "gdn-qwen6")
+
+
+class UsageError(ValueError):
+    pass
+
+
+def _fail(msg: str, code: int = EXIT_BAD_INPUT):
+    err_console.print(f"[red]error:[/red] {msg}", highlight=False, soft_wrap=True)
+    raise typer.Exit(code)
+
+
+def _domain_errors():
+    from .backends import UnknownBackend
+
+    return (shp.ShapeError, ResultsError, rep.CompareError, UnknownBackend, UsageError)
+
+
+def _split(values: Optional[list[str]]) -> list[str]:
+    out: list[str] = []
+    for v in values or []:
+        out += [x.strip() for x in v.split(",") if x.strip()]
+    return out
+
+
+def _print_tables(tables):
+    for t in tables:
+        console.print(rep.to_rich(t))
+
+
+@app.command()
+def run(
+    shapes: Optional[list[str]] = typer.Option(None, "--shapes", "-s", help="Shape set names or .toml paths "
+                                                "(default: the contract sets on CUDA, smoke on the CPU)."),
+    backends: Optional[list[str]] = typer.Option(None, "--backends", "-b", help="Comma-separated backends "
+                                                  "(default: all but reference on CUDA; reference,gdnbench on the CPU)."),
+    routes: Optional[list[str]] = typer.Option(None, "--routes", "-r", help="Comma-separated routes (default: all)."),
+    shape_ids: Optional[list[str]] = typer.Option(None, "--shape-id", help="Only these shape ids."),
+    mode: str = typer.Option("fwd", help="fwd (fwd_bwd and decode are planned)."),
+    device: str = typer.Option("auto", help="auto, cuda or cpu."),
+    out: Optional[Path] = typer.Option(None, "--out", "-o", help="Results file (one set) or directory."),
+    l2: str = typer.Option("warm", help="warm, or cold: flush L2 before each timed call."),
+    warmup: int = typer.Option(10, min=0), rounds: int = typer.Option(5, min=1),
+    iters: int = typer.Option(20, min=1, help="Timed calls per route per round."),
+    check_tokens: Optional[int] = typer.Option(None, help="Oracle length cap (default 8192 on CUDA, 1024 on CPU)."),
+    isolate: bool = typer.Option(True, help="Run each shape in a worker subprocess (crash isolation)."),
+    plot_chart: bool = typer.Option(True, "--plot/--no-plot", help="Write a PNG chart next to each results file."),
+    worker_timeout: float = typer.Option(1800, help="Seconds before a shape's worker is killed."),
+):
+    """Check, then time, each backend x route on each shape of the sets; write results and print the report."""
+    try:
+        _run(shapes, backends, routes, shape_ids, mode, device, out, l2, warmup, rounds, iters, check_tokens,
+             isolate, plot_chart, worker_timeout)
+    except _domain_errors() as e:
+        _fail(str(e))
+
+
+def _resolve_device(device: str) -> str:
+    if device not in ("auto", "cuda", "cpu"):
+        raise UsageError(f"--device {device!r}: use auto, cuda or cpu")
+    if device == "cpu":
+        return "cpu"
+    import torch
+
+    if not torch.cuda.is_available():
+        _fail("no CUDA device found; run on the CPU with: gdnbench run --device cpu --shapes smoke", EXIT_NO_DEVICE)
+    return "cuda"
+
+
+def _run(shapes, backends, routes, shape_ids, mode, device, out, l2, warmup, rounds, iters, check_tokens, isolate,
+         plot_chart, worker_timeout):
+    from . import backends as registry
+    from . import results
+    from .runner import run_set
+    from .timing import TimingParams
+
+    if l2 not in ("warm", "cold"):
+        raise UsageError(f"--l2 {l2!r}: use warm or cold")
+    if mode not in registry.MODES:
+        raise UsageError(f"--mode {mode!r}: implemented modes are {', '.join(registry.MODES)}")
+    routes_l = _split(routes) or list(registry.ROUTES)
+    for r in routes_l:
+        if r not in registry.ROUTES:
+            raise UsageError(f"--routes: unknown route {r!r} (known: {', '.join(registry.ROUTES)})")
+    device = _resolve_device(device)
+    set_names = _split(shapes) or (list(CONTRACT_SETS) if device == "cuda" else ["smoke"])
+    sets = [shp.load(n) for n in set_names]
+    backend_names = _split(backends) or list(registry.DEFAULT_BACKENDS[device])
+    for b in backend_names:
+        registry.get(b)  # unknown names fail here, before anything runs
+    if device == "cpu":
+        warmup, rounds, iters = min(warmup, 1), min(rounds, 2), min(iters, 2)
+    check_tokens = check_tokens or (8192 if device == "cuda" else 1024)
+    params = TimingParams(warmup=warmup, rounds=rounds, iters=iters, l2=l2)
+    if out is not None and len(sets) > 1 and out.suffix == ".json":
+        raise UsageError(f"--out {out}: several shape sets write several files; give a directory")
+    ids = _split(shape_ids)
+    env = results.capture_env(device)
+    for ss in sets:
+        bad = [i for i in ids if i not in {s.id for s in ss.shapes}]
+        if ids and len(bad) == len(ids):
+            continue
+        stamp = results.utc_stamp()
+        path = out if (out is not None and out.suffix == ".json") else (
+            (out / results.default_path(env, ss.name, stamp).name) if out is not None
+            else results.default_path(env, ss.name, stamp))
+        n_shapes = len([i for i in ids if i not in bad]) if ids else len(ss.shapes)
+        rows, interrupted = _run_with_progress(ss, n_shapes * len(backend_names) * len(routes_l), lambda on_row, on_shape: run_set(
+            ss, backend_names, routes_l, mode, device, check_tokens, params, [i for i in ids if i not in bad] or None,
+            isolate, on_row, on_shape, worker_timeout))
+        run_info = {"argv": sys.argv[1:], "backends": backend_names, "routes": routes_l, "mode": mode,
+                    "device": device, "check_tokens": check_tokens, "isolate": isolate, "interrupted": interrupted}
+        doc = results.make_document(env, ss, params.describe(), run_info, rows, stamp)
+        written = results.write_atomic(doc, Path(path))
+        console.print(f"[green]wrote[/green] {written}")
+        _print_tables(rep.report_tables(doc))
+        if plot_chart and any(r["status"] == "ok" for r in rows):
+            from .plot import plot
+
+            console.print(f"[green]chart[/green] {plot(doc, Path(written).with_suffix('.png'))}")
+        if interrupted:
+            _fail("interrupted: the rows measured so far were written", 130)
+
+
+def _run_with_progress(ss, total: int, go):
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+
+    collected: list[dict] = []
+    with Progress(TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                  TimeRemainingColumn(), console=err_console, transient=False) as progress:
+        task = progress.add_task(ss.name, total=total)
+
+        def on_row(row):
+            collected.append(row)
+            progress.update(task, advance=1,
+                            description=f"{ss.name} {row['shape_id']} {row['backend']}:{row['route']} {row['status']}")
+
+        def on_shape(shape):
+            progress.update(task, description=f"{ss.name} {shape.id}")
+
+        try:
+            go(on_row, on_shape)
+        except KeyboardInterrupt:
+            return collected, True
+    return collected, False
+
+
+@app.command()
+def report(
+    file: Path = typer.Argument(..., help="A results JSON file."),
+    baseline: Optional[str] = typer.Option(None, help="backend:route the ratios divide by (default fla:explicit)."),
+    pair: Optional[list[str]] = typer.Option(None, "--pair", help="Extra geomean pair NUM/DEN, e.g. gdnbench:best/fla:flag."),
+    markdown: Optional[Path] = typer.Option(None, help="Also write the tables as markdown."),
+):
+    """Tables per shape, ratios to a baseline, geomean ratios with counts and exclusions."""
+    from . import results
+
+    try:
+        doc = results.load(file)
+        pairs = rep.standard_pairs(doc) + _split(pair) if pair else None
+        tables = rep.report_tables(doc, baseline, pairs)
+    except _domain_errors() as e:
+        _fail(str(e))
+    _print_tables(tables)
+    if markdown:
+        markdown.write_text(rep.to_markdown(tables))
+        console.print(f"[green]wrote[/green] {markdown}")
+
+
+@app.command()
+def compare(
+    a: Path = typer.Argument(..., help="Results file A (the base)."),
+    b: Path = typer.Argument(..., help="Results file B."),
+    markdown: Optional[Path] = typer.Option(None, help="Also write the table as markdown."),
+):
+    """Match rows of two runs of the same shape set; per-row and geomean B/A ratios."""
+    from . import results
+
+    try:
+        tables = rep.compare(results.load(a), results.load(b))
+    except _domain_errors() as e:
+        _fail(str(e))
+    _print_tables(tables)
+    if markdown:
+        markdown.write_text(rep.to_markdown(tables))
+
+
+@app.command()
+def plot(
+    file: Path = typer.Argument(..., help="A results JSON file."),
+    out: Path = typer.Option(..., "--out", "-o", help="PNG path."),
+    kind: str = typer.Option("gpu", help="gpu or wall time for the bars."),
+    baseline: Optional[str] = typer.Option(None, help="backend:route for the ratio panel."),
+):
+    """Grouped bars of time per shape for each backend:route, with a ratio panel."""
+    from . import results
+    from .plot import plot as draw
+
+    if kind not in rep.TIME_KINDS:
+        _fail(f"--kind {kind!r}: use gpu or wall")
+    try:
+        path = draw(results.load(file), out, kind, baseline)
+    except _domain_errors() as e:
+        _fail(str(e))
+    except ValueError as e:  # nothing to plot
+        _fail(f"{file}: {e}")
+    console.print(f"[green]wrote[/green] {path}")
+
+
+@shapes_app.command("list")
+def shapes_list():
+    """The shape sets shipped in shapes/."""
+    from rich.table import Table
+
+    t = Table("name", "version", "families", "shapes", "hash", "description")
+    for name, path in shp.available().items():
+        try:
+            ss = shp.load_file(path)
+        except shp.ShapeError as e:
+            _fail(str(e))
+        t.add_row(ss.name, str(ss.version), ",".join(ss.families), str(len(ss.shapes)), ss.hash[:19], ss.description)
+    console.print(t)
+
+
+@shapes_app.command("show")
+def shapes_show(name: str = typer.Argument(..., help="Set name or .toml path.")):
+    """Every shape of a set with its resolved fields."""
+    from rich.table import Table
+
+    try:
+        ss = shp.load(name)
+    except shp.ShapeError as e:
+        _fail(str(e))
+    t = Table("id", "family", "H", "HV", "K", "V", "lens", "tokens", "dtype", "seed", "gate", "h0", "note",
+              title=f"{ss.name} v{ss.version} {ss.hash}")
+    for s in ss.shapes:
+        lens = str(list(s.lens)) + (f" x B{s.B}" if s.B > 1 else "")
+        gate = s.gate + (f"({s.lower_bound})" if s.lower_bound is not None else "")
+        t.add_row(s.id, s.family, str(s.H), str(s.HV), str(s.K), str(s.V), lens, str(s.tokens), s.dtype, str(s.seed),
+                  gate, "yes" if s.initial_state else "", s.note)
+    console.print(t)
+
+
+@shapes_app.command("verify")
+def shapes_verify(names: Optional[list[str]] = typer.Argument(None, help="Sets to verify (default: all).")):
+    """Recompute each set's canonical hash and compare it with the frozen one and the ledger."""
+    ledger = shp.load_ledger()
+    problems = []
+    try:
+        sets = [shp.load(n) for n in names] if names else [shp.load_file(p) for p in shp.available().values()]
+    except shp.ShapeError as e:
+        _fail(str(e))
+    for ss in sets:
+        p = shp.verify(ss, ledger)
+        problems += p
+        console.print(f"{'[green]ok[/green]' if not p else '[red]FAIL[/red]'} {ss.name} v{ss.version} {ss.hash}")
+    if problems:
+        _fail("; ".join(problems))
+
+
+@shapes_app.command("freeze")
+def shapes_freeze(path: Path = typer.Argument(..., help="A shapes/*.toml file, after bumping its version.")):
+    """Write a set's hash into its file and record the version in shapes/frozen.json."""
+    try:
+        h = shp.freeze(path)
+    except shp.ShapeError as e:
+        _fail(str(e))
+    console.print(f"froze {path}: {h}")
+
+
+@app.command()
+def env(device: str = typer.Option("auto", help="auto, cuda or cpu.")):
+    """Versions, GPU, and each backend's availability with its reason."""
+    from rich.table import Table
+
+    from . import backends as registry
+    from . import results
+
+    dev = device
+    if device == "auto":
+        try:
+            import torch
+
+            dev = "cuda" if torch.cuda.is_available() else "cpu"
+        except ImportError:
+            dev = "cpu"
+    info = results.capture_env(dev)
+    t = Table("key", "value", title="environment")
+    for k, v in info["versions"].items():
+        t.add_row(k, str(v))
+    for k in ("python", "device", "cuda_runtime", "host"):
+        t.add_row(k, str(info.get(k)))
+    t.add_row("git", f"{info['git']['sha']} dirty={info['git']['dirty']}")
+    for k, v in info.get("gpu", {}).items():
+        t.add_row(f"gpu.{k}", str(v))
+    console.print(t)
+    bt = Table("backend", "version", "available", "reason", "routes", title="backends")
+    for name in registry.REGISTRY:
+        b = registry.get(name)
+        a = b.is_available()
+        bt.add_row(name, str(b.version()), "yes" if a else "no", a.reason, ",".join(b.routes))
+    console.print(bt)
+
+
+def main():  # pragma: no cover - entry point
+    app()

@@ -1,0 +1,79 @@
+"""Seeded input tensors for a shape: every route and backend of a shape sees the same tensors.
+
+Tensors are drawn on the CPU from a `torch.Generator` seeded with the shape's seed and
+then moved, so they do not depend on the device, the backend or the process.
+
+Conventions (FLA 0.6.0's chunk ops): q, k [B,T,H,K] raw (not normalized: the routes
+normalize); v [B,T,HV,V]; beta [B,T,HV] post-sigmoid in the storage dtype; g fp32
+natural-log decay, [B,T,HV] for GDN (logsigmoid of a standard normal) and
+[B,T,HV,K] for KDA (lower_bound * sigmoid(normal), inside [lower_bound, 0));
+states fp32 [N,HV,K,V]; packed shapes have B=1 and int64 cu_seqlens [N+1].
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from .shapes import Shape
+
+DTYPES = {"bfloat16": "bfloat16", "float16": "float16", "float32": "float32"}
+
+
+@dataclass
+class Inputs:
+    q: "torch.Tensor"
+    k: "torch.Tensor"
+    v: "torch.Tensor"
+    g: "torch.Tensor"
+    beta: "torch.Tensor"
+    scale: float
+    initial_state: "torch.Tensor | None"
+    cu_seqlens: "torch.Tensor | None"
+    cu_seqlens_list: list[int] | None
+    lower_bound: float | None
+
+    def to(self, device) -> "Inputs":
+        move = lambda t: None if t is None else t.to(device)  # noqa: E731
+        return Inputs(move(self.q), move(self.k), move(self.v), move(self.g), move(self.beta), self.scale,
+                      move(self.initial_state), move(self.cu_seqlens), self.cu_seqlens_list, self.lower_bound)
+
+
+def torch_dtype(name: str):
+    import torch
+
+    return getattr(torch, DTYPES[name])
+
+
+def make_inputs(shape: Shape, device="cpu") -> Inputs:
+    import torch
+    import torch.nn.functional as F
+
+    gen = torch.Generator().manual_seed(shape.seed)
+    dt = torch_dtype(shape.dtype)
+    B = 1 if shape.varlen else shape.B
+    T = shape.tokens if shape.varlen else shape.lens[0]
+    H, HV, K, V = shape.H, shape.HV, shape.K, shape.V
+
+    def randn(*size):
+        return torch.randn(*size, generator=gen, dtype=torch.float32)
+
+    q = randn(B, T, H, K).to(dt)
+    k = randn(B, T, H, K).to(dt)
+    v = randn(B, T, HV, V).to(dt)
+    beta = torch.sigmoid(randn(B, T, HV)).to(dt)
+    if shape.family == "gdn":
+        g = F.logsigmoid(randn(B, T, HV))
+    else:
+        g = shape.lower_bound * torch.sigmoid(randn(B, T, HV, K))
+    h0 = None
+    if shape.initial_state:
+        # bf16-representable values at a quarter of unit scale, as the KDA harness used
+        h0 = (0.25 * randn(shape.n_seqs, HV, K, V)).to(torch.bfloat16).float()
+    cu, cu_list = None, None
+    if shape.varlen:
+        cu_list = [0]
+        for n in shape.lens:
+            cu_list.append(cu_list[-1] + n)
+        cu = torch.tensor(cu_list, dtype=torch.int64)
+    inp = Inputs(q, k, v, g, beta, shape.attn_scale, h0, cu, cu_list, shape.lower_bound)
+    return inp if str(device) == "cpu" else inp.to(device)

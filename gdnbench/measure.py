@@ -1,0 +1,153 @@
+"""Measure one shape: support -> first call -> correctness gate -> interleaved timing.
+
+Every (backend, route) pair asked for yields exactly one row, whatever happens:
+`skipped` (with the reason), `error` (the exception, one line), `incorrect` (the
+gate's figures, no times) or `ok` (gate figures and both times).
+"""
+
+from __future__ import annotations
+
+import traceback
+from typing import Callable
+
+from . import timing
+from .backends.base import Backend
+from .shapes import Shape
+
+
+def base_row(shape: Shape, backend: str, route: str, mode: str, status: str, reason: str = "", **extra) -> dict:
+    row = {
+        "shape_id": shape.id,
+        "family": shape.family,
+        "backend": backend,
+        "route": route,
+        "mode": mode,
+        "status": status,
+        "reason": reason,
+    }
+    row.update(extra)
+    return row
+
+
+def _one_line(e: BaseException) -> str:
+    msg = f"{type(e).__name__}: {e}".strip().splitlines()
+    return (msg[0] if msg else type(e).__name__)[:300]
+
+
+def _finite(out) -> bool:
+    import torch
+
+    return all(t is None or bool(torch.isfinite(t).all()) for t in out[:2])
+
+
+def measure_shape(shape: Shape, backends: list[Backend], routes: list[str], mode: str, device: str,
+                  check_tokens: int, params: timing.TimingParams, emit: Callable[[dict], None]) -> None:
+    import torch
+
+    from .check import build_oracle, judge
+    from .inputs import make_inputs
+
+    active: list[tuple[Backend, str]] = []
+    for b in backends:
+        avail = b.is_available()
+        for r in routes:
+            sup = b.supports(shape, r, mode, device) if avail else avail
+            info = {"backend_version": b.version()}
+            if not sup:
+                emit(base_row(shape, b.name, r, mode, "skipped", sup.reason, **info))
+            else:
+                active.append((b, r))
+    if not active:
+        return
+
+    with torch.no_grad():
+        full = make_inputs(shape, device)
+        check_shape = shape.shortened(check_tokens)
+        small = full if check_shape is shape else make_inputs(check_shape, device)
+        oracle = build_oracle(check_shape, small, shape)
+
+        ready: dict[tuple[str, str], dict] = {}
+        for b, r in active:
+            info = {"backend_version": b.version(), "variant": b.variant(shape, r), "config": "default"}
+            try:
+                fn = b.prepare(shape, r, full)
+                first_ms, out = timing.first_call_ms(fn)
+                if not _finite(out):
+                    emit(base_row(shape, b.name, r, mode, "incorrect", "NaN/Inf in the output on the full input",
+                                  first_call_ms=first_ms, **info))
+                    continue
+                del out
+                check_fn = fn if small is full else b.prepare(check_shape, r, small)
+                o, s = check_fn()[:2]
+                verdict = judge(oracle, o, s)
+                del o, s, check_fn
+                if not verdict.passed:
+                    emit(base_row(shape, b.name, r, mode, "incorrect", verdict.reason, check=verdict.to_dict(),
+                                  first_call_ms=first_ms, **info))
+                    continue
+                ready[(b.name, r)] = {"fn": fn, "backend": b, "first_ms": first_ms, "verdict": verdict, "info": info}
+            except Exception as e:  # a backend failure is data: record it and go on
+                emit(base_row(shape, b.name, r, mode, "error", _one_line(e), traceback=traceback.format_exc()[-2000:],
+                              **info))
+        del oracle
+        if device == "cuda":
+            torch.cuda.synchronize()
+        _time_all(shape, ready, mode, device, params, emit)
+
+
+def _time_all(shape, ready: dict, mode: str, device: str, params: timing.TimingParams, emit) -> None:
+    cuda = device == "cuda"
+    failed: dict[tuple[str, str], str] = {}
+    for key, st in ready.items():
+        st["wall"], st["gpu"], st["graph"] = [], [], None
+        try:
+            for _ in range(params.warmup):
+                st["fn"]()
+            if cuda and st["backend"].graph_safe:
+                try:
+                    st["graph"] = timing.capture_graph(st["fn"])
+                except timing.GraphUnsafe as e:
+                    st["graph_error"] = str(e)
+        except Exception as e:
+            failed[key] = _one_line(e)
+    for _ in range(params.rounds):
+        for key, st in ready.items():
+            if key in failed:
+                continue
+            try:
+                if not cuda:
+                    st["wall"] += timing.time_cpu(st["fn"], params.iters)
+                    continue
+                st["wall"] += timing.time_wall(st["fn"], params.iters, params.l2)
+                if st["graph"] is not None:
+                    st["gpu"] += timing.time_graph(st["graph"], params.iters, params.l2)
+                else:
+                    st["gpu"].append(timing.profiler_kernel_us(st["fn"], params.iters))
+            except Exception as e:
+                failed[key] = _one_line(e)
+    for key, st in ready.items():
+        b, r = st["backend"], key[1]
+        common = dict(check=st["verdict"].to_dict(), first_call_ms=st["first_ms"], **st["info"])
+        if key in failed:
+            emit(base_row(shape, b.name, r, mode, "error", f"while timing: {failed[key]}", **common))
+            continue
+        row = base_row(shape, b.name, r, mode, "ok", "", timing_meaningful=cuda, **common)
+        row["wall"] = timing.summarize(st["wall"], params.iters)
+        if cuda:
+            per_round = params.iters if st["graph"] is not None else 1
+            row["gpu"] = timing.summarize(st["gpu"], per_round)
+            row["gpu"]["method"] = "graph" if st["graph"] is not None else "profiler"
+            if "graph_error" in st:
+                row["gpu"]["graph_error"] = st["graph_error"]
+            try:
+                row["profiler_us"] = timing.profiler_kernel_us(st["fn"], params.profiler_iters)
+            except Exception as e:
+                row["profiler_us"] = None
+                row["profiler_error"] = _one_line(e)
+            w, g = row["wall"]["median_us"], row["gpu"]["median_us"]
+            row["host_bound"] = bool(g > 0 and w > g * (1 + timing.HOST_BOUND_MARGIN))
+        else:
+            row["gpu"] = None
+            row["host_bound"] = None
+        emit(row)
+        st["graph"] = None

@@ -1,0 +1,64 @@
+"""Charts: grouped bars of time per shape for each backend:route, and a panel of ratios
+to the baseline. Bars are the chosen time kind (gpu by default); a black tick on each bar
+marks the wall time, so host-bound rows show as ticks far above their bars."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from .report import _columns, _side, default_baseline, index_rows, median, shape_ids
+
+
+def plot(doc: dict, out: str | Path, kind: str = "gpu", baseline: str | None = None, mode: str = "fwd") -> Path:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    idx = index_rows(doc, mode)
+    if kind == "gpu" and not any(median(r, "gpu") for r in idx.values()):
+        kind = "wall"  # CPU runs have no gpu time
+    cols = [c for c in _columns(doc) if any(median(idx.get((s, *c)), kind) for s in shape_ids(doc))]
+    shapes = [s for s in shape_ids(doc) if any(median(idx.get((s, *c)), kind) for c in cols)]
+    baseline = baseline or default_baseline(doc)
+    if not cols or not shapes:
+        raise ValueError("nothing to plot: no ok rows with times")
+
+    fig, (ax_t, ax_r) = plt.subplots(2, 1, figsize=(max(8, 1.6 * len(shapes) + 3), 8.5), sharex=True,
+                                     gridspec_kw={"height_ratios": [3, 2]})
+    width = 0.8 / len(cols)
+    cmap = plt.get_cmap("tab10")
+    for j, (b, r) in enumerate(cols):
+        xs = [i + (j - (len(cols) - 1) / 2) * width for i in range(len(shapes))]
+        times = [median(idx.get((s, b, r)), kind) or 0.0 for s in shapes]
+        ax_t.bar(xs, times, width, label=f"{b}:{r}", color=cmap(j % 10))
+        if kind == "gpu":
+            walls = [median(idx.get((s, b, r)), "wall") for s in shapes]
+            wx = [x for x, w in zip(xs, walls) if w]
+            ax_t.scatter(wx, [w for w in walls if w], marker="_", s=120, color="black", zorder=3,
+                         label="wall (events per eager call)" if j == 0 else None)
+        if baseline:
+            ratios = []
+            for s in shapes:
+                t, _ = _side(idx, s, f"{b}:{r}", kind)
+                base, _ = _side(idx, s, baseline, kind)
+                ratios.append(t / base if t and base else 0.0)
+            ax_r.bar(xs, ratios, width, color=cmap(j % 10))
+    ax_t.set_ylabel(f"{kind} time per call, median (µs)")
+    ss = doc["shape_set"]
+    gpu = doc.get("env", {}).get("gpu", {}).get("name", "CPU")
+    ax_t.set_title(f"{ss['name']} v{ss['version']} on {gpu}: bars = {kind} time")
+    ax_t.legend(fontsize=8, ncols=2)
+    ax_t.grid(axis="y", alpha=0.3)
+    if baseline:
+        ax_r.axhline(1.0, color="black", lw=0.8)
+        ax_r.set_ylabel(f"{kind} time / {baseline}")
+        ax_r.grid(axis="y", alpha=0.3)
+    ax_r.set_xticks(range(len(shapes)))
+    ax_r.set_xticklabels(shapes, rotation=20, ha="right", fontsize=9)
+    fig.tight_layout()
+    out = Path(out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(out, dpi=110)
+    plt.close(fig)
+    return out

@@ -1,0 +1,306 @@
+"""Tables and geomean time ratios from results documents (no torch, no GPU).
+
+A ratio pair is written NUM/DEN with each side `backend:route`; route `best` means the
+fastest ok route of that backend on each shape. A geomean is taken over the shapes
+where both sides are `ok`; every shape left out is listed with the reason, and the
+count is always printed. Each ratio is given on both times: `wall` (events around eager
+calls) and `gpu` (kernels' own time).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+TIME_KINDS = ("wall", "gpu")
+
+
+class CompareError(ValueError):
+    pass
+
+
+@dataclass
+class Table:
+    title: str
+    columns: list[str]
+    rows: list[list[str]]
+    notes: list[str] = field(default_factory=list)
+
+
+@dataclass
+class Geomean:
+    pair: str
+    kind: str
+    value: float | None
+    count: int
+    total: int
+    excluded: list[str]
+    per_shape: dict[str, float] = field(default_factory=dict)
+
+    def text(self) -> str:
+        v = f"{self.value:.3f}" if self.value is not None else "n/a"
+        return f"{v} over {self.count}/{self.total} shapes"
+
+
+def median(row: dict | None, kind: str) -> float | None:
+    if not row or row.get("status") != "ok":
+        return None
+    t = row.get(kind)
+    return t.get("median_us") if isinstance(t, dict) else None
+
+
+def index_rows(doc: dict, mode: str = "fwd") -> dict[tuple[str, str, str], dict]:
+    return {(r["shape_id"], r["backend"], r["route"]): r for r in doc["rows"] if r.get("mode", "fwd") == mode}
+
+
+def shape_ids(doc: dict) -> list[str]:
+    ids = list(doc["shape_set"].get("shapes", {}))
+    for r in doc["rows"]:
+        if r["shape_id"] not in ids:
+            ids.append(r["shape_id"])
+    return ids
+
+
+def keys_present(doc: dict) -> list[tuple[str, str]]:
+    seen: list[tuple[str, str]] = []
+    for r in doc["rows"]:
+        k = (r["backend"], r["route"])
+        if k not in seen:
+            seen.append(k)
+    return seen
+
+
+def _side(idx, shape: str, spec: str, kind: str) -> tuple[float | None, str]:
+    backend, _, route = spec.partition(":")
+    if route == "best":
+        cands = [(median(r, kind), r["route"]) for (s, b, _), r in idx.items() if s == shape and b == backend]
+        ok = [c for c in cands if c[0] is not None]
+        if not ok:
+            return None, f"{backend} has no ok route" if cands else f"no {backend} rows"
+        return min(ok)[0], ""
+    row = idx.get((shape, backend, route))
+    if row is None:
+        return None, f"no {spec} row"
+    t = median(row, kind)
+    if t is None:
+        why = row.get("reason") or ("no gpu time" if row["status"] == "ok" else "")
+        return None, f"{spec} {row['status']}" + (f": {why[:80]}" if why else "")
+    return t, ""
+
+
+def geomean(doc: dict, pair: str, kind: str, mode: str = "fwd") -> Geomean:
+    num, _, den = pair.partition("/")
+    idx = index_rows(doc, mode)
+    ids = [s for s in shape_ids(doc) if any(k[0] == s for k in idx)]
+    logs, excluded, per = [], [], {}
+    for s in ids:
+        a, why_a = _side(idx, s, num, kind)
+        b, why_b = _side(idx, s, den, kind)
+        if a is None or b is None or b <= 0:
+            excluded.append(f"{s}: {why_a or why_b}")
+            continue
+        per[s] = a / b
+        logs.append(math.log(a / b))
+    value = math.exp(sum(logs) / len(logs)) if logs else None
+    return Geomean(pair, kind, value, len(logs), len(ids), excluded, per)
+
+
+def standard_pairs(doc: dict) -> list[str]:
+    """The pairs that make sense for the rows present: flag/explicit per backend, the fused
+    routes against explicit, ours against each other backend (same route, best, vs flag)."""
+    present = _columns(doc)
+    backends = [b for b, _ in present]
+    have = set(present)
+    pairs = []
+    for b in dict.fromkeys(backends):
+        for r in ("flag", "fused_q", "fused_qk"):
+            if (b, r) in have and (b, "explicit") in have:
+                pairs.append(f"{b}:{r}/{b}:explicit")
+    ours = "gdnbench"
+    for other in ("fla", "helion", "flashinfer"):
+        if ours not in backends or other not in backends:
+            continue
+        for r in ("explicit", "flag"):
+            if (ours, r) in have and (other, r) in have:
+                pairs.append(f"{ours}:{r}/{other}:{r}")
+        for r in ("fused_q", "fused_qk"):
+            if (ours, r) in have and (other, "flag") in have:
+                pairs.append(f"{ours}:{r}/{other}:flag")
+        pairs.append(f"{ours}:best/{other}:best")
+        if (other, "flag") in have:
+            pairs.append(f"{ours}:best/{other}:flag")
+    return pairs
+
+
+def _fmt_us(t: float | None) -> str:
+    if t is None:
+        return "-"
+    return f"{t:.0f}" if t >= 100 else f"{t:.1f}"
+
+
+def _cell(row: dict | None) -> str:
+    if row is None:
+        return "(no row)"
+    if row["status"] != "ok":
+        return row["status"]
+    w, g = median(row, "wall"), median(row, "gpu")
+    mark = "*" if row.get("host_bound") else ""
+    return f"{_fmt_us(w)} / {_fmt_us(g)}{mark}" if g is not None else f"{_fmt_us(w)}"
+
+
+def default_baseline(doc: dict) -> str | None:
+    """fla:explicit (else fla:flag, else the first key) among keys with an ok row."""
+    ok = [k for k in keys_present(doc)
+          if any(x["status"] == "ok" for x in doc["rows"] if (x["backend"], x["route"]) == k)]
+    for cand in (("fla", "explicit"), ("fla", "flag")):
+        if cand in ok:
+            return ":".join(cand)
+    return ":".join(ok[0]) if ok else None
+
+
+def kinds_present(doc: dict) -> list[str]:
+    """The time kinds some row has (a CPU run has no gpu time)."""
+    return [k for k in TIME_KINDS if any(median(r, k) is not None for r in doc["rows"])] or ["wall"]
+
+
+def _columns(doc: dict) -> list[tuple[str, str]]:
+    """backend:route pairs with at least one row that is not skipped."""
+    return [k for k in keys_present(doc)
+            if any(r["status"] != "skipped" for r in doc["rows"] if (r["backend"], r["route"]) == k)]
+
+
+def time_table(doc: dict, mode: str = "fwd") -> Table:
+    idx = index_rows(doc, mode)
+    cols = _columns(doc)
+    rows = [[s] + [_cell(idx.get((s, b, r))) for b, r in cols] for s in shape_ids(doc)]
+    notes = ["cells: median wall µs / median gpu µs; * = host-bound (wall > gpu by more than the margin)"]
+    if not all(r.get("timing_meaningful", True) for r in doc["rows"] if r["status"] == "ok"):
+        notes.append("CPU run: timings are not meaningful (interpreter / fp64 reference)")
+    skipped = sorted({f"{r['backend']}:{r['route']}: {r['reason']}" for r in doc["rows"] if r["status"] == "skipped"})
+    notes += [f"skipped {s}" for s in skipped]
+    title = f"{doc['shape_set']['name']} v{doc['shape_set']['version']}: time per backend:route"
+    return Table(title, ["shape"] + [f"{b}:{r}" for b, r in cols], rows, notes)
+
+
+def ratio_table(doc: dict, baseline: str, kind: str = "gpu", mode: str = "fwd") -> Table:
+    idx = index_rows(doc, mode)
+    cols = _columns(doc)
+    rows = []
+    for s in shape_ids(doc):
+        base, _ = _side(idx, s, baseline, kind)
+        line = [s]
+        for b, r in cols:
+            t, _ = _side(idx, s, f"{b}:{r}", kind)
+            line.append(f"{t / base:.3f}" if t is not None and base else "-")
+        rows.append(line)
+    return Table(f"{kind}-time ratio to {baseline} (< 1 = faster)", ["shape"] + [f"{b}:{r}" for b, r in cols], rows)
+
+
+def check_table(doc: dict, mode: str = "fwd") -> Table:
+    rows = []
+    for r in doc["rows"]:
+        if r.get("mode", "fwd") != mode or "check" not in r:
+            continue
+        c = r["check"]
+        rows.append([r["shape_id"], f"{r['backend']}:{r['route']}", r["status"], f"{c['err_o']:.2e}",
+                     f"{c['budget_o']:.2e}", "-" if c["err_state"] is None else f"{c['err_state']:.2e}",
+                     f"{c['budget_state']:.2e}", str(sum(c["lens"])) + (" (short)" if c["shortened"] else "")])
+    return Table("correctness gate (rel-RMS error vs fp64 recurrence; budget = "
+                 "2 x error of the recurrence at storage precision)",
+                 ["shape", "backend:route", "status", "err o", "budget o", "err state", "budget state", "check tokens"],
+                 rows)
+
+
+def geomean_table(doc: dict, pairs: list[str] | None = None, mode: str = "fwd") -> Table:
+    rows, notes = [], []
+    kinds = kinds_present(doc)
+    for pair in pairs or standard_pairs(doc):
+        gs = [geomean(doc, pair, k, mode) for k in kinds]
+        rows.append([pair] + [g.text() for g in gs])
+        for e in dict.fromkeys(e for g in gs for e in g.excluded):
+            kinds = [g.kind for g in gs if e in g.excluded]
+            notes.append(f"{pair}: excluded {e}" + ("" if len(kinds) == len(gs) else f" [{','.join(kinds)} only]"))
+    return Table("geomean time ratios (NUM/DEN; < 1 means NUM is faster)", ["pair"] + kinds, rows, notes)
+
+
+def spread_table(doc: dict, mode: str = "fwd") -> Table:
+    rows = []
+    for r in doc["rows"]:
+        if r.get("mode", "fwd") != mode or r["status"] != "ok":
+            continue
+        w, g = r["wall"], r.get("gpu") or {}
+        rows.append([r["shape_id"], f"{r['backend']}:{r['route']}", f"{100 * w.get('round_spread', 0):.1f}%",
+                     f"{100 * g.get('round_spread', 0):.1f}%" if g else "-", g.get("method", "-"),
+                     _fmt_us(r.get("profiler_us")), f"{r.get('first_call_ms', 0):.0f}"])
+    return Table("timing detail (spread = (max - min) / median of per-round medians)",
+                 ["shape", "backend:route", "wall spread", "gpu spread", "gpu method", "profiler µs", "first call ms"],
+                 rows)
+
+
+def report_tables(doc: dict, baseline: str | None = None, pairs: list[str] | None = None) -> list[Table]:
+    base = baseline or default_baseline(doc)
+    tables = [time_table(doc)]
+    if base:
+        tables.append(ratio_table(doc, base, kinds_present(doc)[-1]))
+    tables += [geomean_table(doc, pairs), check_table(doc), spread_table(doc)]
+    return tables
+
+
+def compare(a: dict, b: dict, mode: str = "fwd") -> list[Table]:
+    ha, hb = a["shape_set"]["hash"], b["shape_set"]["hash"]
+    if ha != hb:
+        raise CompareError(f"shape sets differ: {a['shape_set']['name']} v{a['shape_set']['version']} ({ha[:19]}) vs "
+                           f"{b['shape_set']['name']} v{b['shape_set']['version']} ({hb[:19]})")
+    ia, ib = index_rows(a, mode), index_rows(b, mode)
+    rows, notes = [], []
+    logs = {k: [] for k in TIME_KINDS}
+    for key in [k for k in ia if k in ib] + [k for k in ib if k not in ia]:
+        ra, rb = ia.get(key), ib.get(key)
+        line = [key[0], f"{key[1]}:{key[2]}"]
+        for kind in TIME_KINDS:
+            ta, tb = median(ra, kind), median(rb, kind)
+            if ta and tb:
+                logs[kind].append(math.log(tb / ta))
+                line += [_fmt_us(ta), _fmt_us(tb), f"{tb / ta:.3f}"]
+            else:
+                line += [_fmt_us(ta), _fmt_us(tb), "-"]
+        if ra is None or rb is None or median(ra, "wall") is None or median(rb, "wall") is None:
+            notes.append(f"excluded {key[0]} {key[1]}:{key[2]}: A {ra['status'] if ra else 'missing'}, "
+                         f"B {rb['status'] if rb else 'missing'}")
+        rows.append(line)
+    total = len(set(ia) | set(ib))
+    for kind in TIME_KINDS:
+        n = len(logs[kind])
+        gm = f"{math.exp(sum(logs[kind]) / n):.3f}" if n else "n/a"
+        notes.insert(0, f"geomean B/A [{kind}]: {gm} over {n}/{total} rows")
+    headers = ["shape", "backend:route", "A wall", "B wall", "B/A wall", "A gpu", "B gpu", "B/A gpu"]
+    return [Table("compare B/A (median µs)", headers, rows, notes)]
+
+
+def to_markdown(tables: list[Table]) -> str:
+    out = []
+    for t in tables:
+        out.append(f"### {t.title}\n")
+        out.append("| " + " | ".join(t.columns) + " |")
+        out.append("|" + "|".join("---" for _ in t.columns) + "|")
+        for r in t.rows:
+            out.append("| " + " | ".join(c.replace("|", "\\|") for c in r) + " |")
+        out.append("")
+        for n in t.notes:
+            out.append(f"- {n}")
+        out.append("")
+    return "\n".join(out)
+
+
+def to_rich(t: Table):
+    from rich.table import Table as RichTable
+
+    rt = RichTable(title=t.title, title_justify="left", show_lines=False)
+    for c in t.columns:
+        rt.add_column(c, overflow="fold")
+    for r in t.rows:
+        rt.add_row(*r)
+    if t.notes:
+        rt.caption = "\n".join(t.notes)
+        rt.caption_justify = "left"
+    return rt

@@ -1,0 +1,177 @@
+"""Results files: schema, environment capture, atomic writes, loading with a version check.
+
+One JSON file per (run, shape set). Top level: schema_version, created_utc, env, shape_set,
+timing, run, rows. No torch import at module load; `capture_env` imports it lazily.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import json
+import os
+import platform
+import re
+import socket
+import subprocess
+import tempfile
+from importlib.metadata import PackageNotFoundError, version
+from pathlib import Path
+
+SCHEMA_VERSION = 1
+REPO_ROOT = Path(__file__).resolve().parent.parent
+RESULTS_DIR = REPO_ROOT / "results"
+ROW_STATUSES = ("ok", "skipped", "incorrect", "error")
+
+
+class ResultsError(ValueError):
+    """A results file that cannot be used; the message names the file."""
+
+
+def _dist(name: str) -> str | None:
+    try:
+        return version(name)
+    except PackageNotFoundError:
+        return None
+
+
+def _git(*args: str) -> str | None:
+    try:
+        out = subprocess.run(["git", *args], cwd=REPO_ROOT, capture_output=True, text=True, timeout=10)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    return out.stdout.strip() if out.returncode == 0 else None
+
+
+def git_info() -> dict:
+    """sha and dirty flag; GDNBENCH_GIT_SHA / GDNBENCH_GIT_DIRTY stand in where the tree has no .git."""
+    sha = os.environ.get("GDNBENCH_GIT_SHA") or _git("rev-parse", "HEAD")
+    if "GDNBENCH_GIT_DIRTY" in os.environ:
+        dirty = os.environ["GDNBENCH_GIT_DIRTY"] not in ("0", "", "false")
+    else:
+        status = _git("status", "--porcelain", "--untracked-files=no")
+        dirty = None if status is None else bool(status)
+    return {"sha": sha, "dirty": dirty}
+
+
+def _nvidia_smi() -> dict:
+    fields = ["driver_version", "clocks.sm", "clocks.max.sm", "clocks.mem", "clocks.max.mem", "power.limit",
+              "power.draw", "temperature.gpu", "persistence_mode"]
+    try:
+        out = subprocess.run(["nvidia-smi", f"--query-gpu={','.join(fields)}", "--format=csv,noheader"],
+                             capture_output=True, text=True, timeout=20)
+    except (OSError, subprocess.TimeoutExpired):
+        return {}
+    if out.returncode != 0 or not out.stdout.strip():
+        return {}
+    values = [v.strip() for v in out.stdout.strip().splitlines()[0].split(",")]
+    return dict(zip(fields, values))
+
+
+def capture_env(device: str) -> dict:
+    env = {
+        "python": platform.python_version(),
+        "host": socket.gethostname(),
+        "platform": platform.platform(),
+        "git": git_info(),
+        "versions": {name: _dist(dist) for name, dist in (
+            ("gdnbench", "gdnbench"), ("torch", "torch"), ("triton", "triton"), ("fla", "fla-core"),
+            ("helion", "helion"), ("flashinfer", "flashinfer-python"))},
+        "device": device,
+        "fla_dispatch_disabled": os.environ.get("FLA_DISABLE_BACKEND_DISPATCH", "1") == "1",
+    }
+    try:
+        import torch
+
+        env["versions"]["torch"] = torch.__version__
+        env["cuda_runtime"] = torch.version.cuda
+        if device == "cuda" and torch.cuda.is_available():
+            p = torch.cuda.get_device_properties(0)
+            env["gpu"] = {
+                "name": p.name,
+                "compute_capability": f"{p.major}.{p.minor}",
+                "sm_count": p.multi_processor_count,
+                "memory_gib": round(p.total_memory / 2**30, 1),
+                "l2_bytes": getattr(p, "L2_cache_size", None),
+                "count": torch.cuda.device_count(),
+                **_nvidia_smi(),
+            }
+    except ImportError:
+        pass
+    try:
+        import triton
+
+        env["versions"]["triton"] = triton.__version__
+    except ImportError:
+        pass
+    return env
+
+
+def gpu_slug(env: dict) -> str:
+    name = env.get("gpu", {}).get("name") if env.get("device") == "cuda" else None
+    return re.sub(r"[^a-z0-9]+", "-", name.lower()).strip("-") if name else "cpu"
+
+
+def utc_stamp() -> str:
+    return _dt.datetime.now(_dt.timezone.utc).strftime("%Y%m%dT%H%M%SZ")
+
+
+def default_path(env: dict, shape_set_name: str, stamp: str) -> Path:
+    sha = env["git"]["sha"]
+    tag = (sha[:8] if sha else "nogit") + ("-dirty" if env["git"]["dirty"] else "")
+    return RESULTS_DIR / gpu_slug(env) / f"{stamp}_{tag}_{shape_set_name}.json"
+
+
+def make_document(env: dict, shape_set, timing: dict, run: dict, rows: list[dict], stamp: str) -> dict:
+    return {
+        "schema_version": SCHEMA_VERSION,
+        "created_utc": stamp,
+        "env": env,
+        "shape_set": {"name": shape_set.name, "version": shape_set.version, "hash": shape_set.hash,
+                      "families": list(shape_set.families),
+                      "shapes": {s.id: s.label() for s in shape_set.shapes}},
+        "timing": timing,
+        "run": run,
+        "rows": rows,
+    }
+
+
+def write_atomic(doc: dict, path: Path) -> Path:
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=path.name, suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "w") as fh:
+            json.dump(doc, fh, indent=1, sort_keys=False, allow_nan=True)
+            fh.write("\n")
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise
+    return path
+
+
+def load(path: str | Path) -> dict:
+    p = str(path)
+    try:
+        with open(path) as fh:
+            doc = json.load(fh)
+    except FileNotFoundError:
+        raise ResultsError(f"{p}: no such results file") from None
+    except json.JSONDecodeError as e:
+        raise ResultsError(f"{p}: not valid JSON ({e.msg} at line {e.lineno})") from None
+    if not isinstance(doc, dict) or "schema_version" not in doc:
+        raise ResultsError(f"{p}: not a gdnbench results file (no schema_version)")
+    if doc["schema_version"] != SCHEMA_VERSION:
+        raise ResultsError(f"{p}: schema_version {doc['schema_version']!r}, this gdnbench reads "
+                           f"{SCHEMA_VERSION}; use the gdnbench version that wrote it")
+    for key in ("env", "shape_set", "timing", "rows"):
+        if key not in doc:
+            raise ResultsError(f"{p}: missing top-level key {key!r}")
+    for i, row in enumerate(doc["rows"]):
+        for key in ("shape_id", "backend", "route", "mode", "status"):
+            if key not in row:
+                raise ResultsError(f"{p}: row {i}: missing field {key!r}")
+        if row["status"] not in ROW_STATUSES:
+            raise ResultsError(f"{p}: row {i}: status {row['status']!r} is not one of {ROW_STATUSES}")
+    return doc

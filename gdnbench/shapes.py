@@ -1,0 +1,292 @@
+"""Frozen, versioned shape sets: shapes/<name>.toml -> typed `Shape`s.
+
+A shape-set file has top-level `name`, `version`, `hash`, optional `description`,
+an optional `[defaults]` table merged under every `[[shape]]`, and the shapes.
+`hash` freezes the content: it is the sha256 of the canonical JSON of the resolved
+shapes, so reformatting the TOML keeps it and any change of meaning breaks it.
+`shapes/frozen.json` records every (name, version) -> hash ever published, so a
+changed set must bump its version (and be recorded) to verify again.
+
+No torch import here: `gdnbench shapes ...` and the tests run anywhere.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import tomllib
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+SHAPES_DIR = Path(__file__).resolve().parent.parent / "shapes"
+FROZEN_LEDGER = "frozen.json"
+
+FAMILIES = ("gdn", "kda")
+GATES = {"gdn": "logsigmoid", "kda": "bounded"}
+DTYPES = ("bfloat16", "float16", "float32")
+MAX_HEAD_DIM = 256
+
+
+class ShapeError(ValueError):
+    """A shape file that cannot be used; the message names file, shape and field."""
+
+
+@dataclass(frozen=True)
+class Shape:
+    id: str
+    family: str
+    H: int
+    HV: int
+    K: int
+    V: int
+    lens: tuple[int, ...]
+    seed: int
+    gate: str
+    B: int = 1
+    dtype: str = "bfloat16"
+    lower_bound: float | None = None
+    initial_state: bool = False
+    scale: float | None = None
+    note: str = ""
+
+    @property
+    def varlen(self) -> bool:
+        """Several lengths = one packed batch (B=1) with cu_seqlens."""
+        return len(self.lens) > 1
+
+    @property
+    def n_seqs(self) -> int:
+        return len(self.lens) if self.varlen else self.B
+
+    @property
+    def tokens(self) -> int:
+        return sum(self.lens) if self.varlen else self.B * self.lens[0]
+
+    @property
+    def attn_scale(self) -> float:
+        return self.scale if self.scale is not None else self.K ** -0.5
+
+    def shortened(self, max_tokens: int) -> "Shape":
+        """The same heads, dims and length mix with at most ~max_tokens tokens (for the oracle)."""
+        if self.tokens <= max_tokens:
+            return self
+        if not self.varlen:
+            per_seq = max(1, max_tokens // self.B)
+            return _replace(self, lens=(per_seq,))
+        f = max_tokens / self.tokens
+        return _replace(self, lens=tuple(max(1, round(n * f)) for n in self.lens))
+
+    def label(self) -> str:
+        mix = f"T{self.lens[0]}" + (f"xB{self.B}" if self.B > 1 else "") if not self.varlen else f"{len(self.lens)}seq/{self.tokens}"
+        return f"{self.family} H{self.H}/HV{self.HV} K{self.K} V{self.V} {mix}"
+
+
+def _replace(shape: Shape, **kw) -> Shape:
+    d = asdict(shape)
+    d.update(kw)
+    return Shape(**d)
+
+
+@dataclass(frozen=True)
+class ShapeSet:
+    name: str
+    version: int
+    hash: str
+    description: str
+    shapes: tuple[Shape, ...]
+    path: str = ""
+    families: tuple[str, ...] = field(default=())
+
+    def get(self, shape_id: str) -> Shape:
+        for s in self.shapes:
+            if s.id == shape_id:
+                return s
+        raise ShapeError(f"{self.path}: no shape {shape_id!r} in set {self.name}")
+
+
+# field -> (type(s), required)
+_FIELDS: dict[str, tuple[tuple[type, ...], bool]] = {
+    "id": ((str,), True),
+    "family": ((str,), True),
+    "H": ((int,), True),
+    "HV": ((int,), False),
+    "K": ((int,), True),
+    "V": ((int,), True),
+    "lens": ((list,), True),
+    "seed": ((int,), True),
+    "gate": ((str,), False),
+    "B": ((int,), False),
+    "dtype": ((str,), False),
+    "lower_bound": ((float, int), False),
+    "initial_state": ((bool,), False),
+    "scale": ((float, int), False),
+    "note": ((str,), False),
+}
+_TOP_KEYS = {"name", "version", "hash", "description", "defaults", "shape"}
+
+
+def _fail(path: str, sid: str, fld: str, msg: str) -> ShapeError:
+    return ShapeError(f"{path}: shape {sid!r}: field {fld!r}: {msg}")
+
+
+def _parse_shape(path: str, raw: dict, defaults: dict, index: int) -> Shape:
+    merged = {**defaults, **raw}
+    sid = str(merged.get("id", f"#{index}"))
+    for key, value in merged.items():
+        if key not in _FIELDS:
+            raise _fail(path, sid, key, "unknown key")
+        types, _ = _FIELDS[key]
+        if isinstance(value, bool) and bool not in types:
+            raise _fail(path, sid, key, f"expected {types[0].__name__}, got bool {value!r}")
+        if not isinstance(value, types):
+            raise _fail(path, sid, key, f"expected {types[0].__name__}, got {type(value).__name__} {value!r}")
+    for key, (_, required) in _FIELDS.items():
+        if required and key not in merged:
+            raise _fail(path, sid, key, "missing")
+    fam = merged["family"]
+    if fam not in FAMILIES:
+        raise _fail(path, sid, "family", f"{fam!r} is not one of {FAMILIES}")
+    merged.setdefault("HV", merged["H"])
+    merged.setdefault("gate", GATES[fam])
+    for key in ("H", "HV", "K", "V", "B"):
+        if key in merged and merged[key] <= 0:
+            raise _fail(path, sid, key, f"must be positive, got {merged[key]}")
+    if merged["HV"] % merged["H"]:
+        raise _fail(path, sid, "HV", f"{merged['HV']} is not a multiple of H={merged['H']}")
+    for key in ("K", "V"):
+        if merged[key] > MAX_HEAD_DIM:
+            raise _fail(path, sid, key, f"{merged[key]} is over {MAX_HEAD_DIM}")
+    lens = merged["lens"]
+    if not lens:
+        raise _fail(path, sid, "lens", "empty")
+    for n in lens:
+        if isinstance(n, bool) or not isinstance(n, int):
+            raise _fail(path, sid, "lens", f"expected integers, got {n!r}")
+        if n <= 0:
+            raise _fail(path, sid, "lens", f"length {n} is not positive")
+    if len(lens) > 1 and merged.get("B", 1) != 1:
+        raise _fail(path, sid, "B", "packed lens (several lengths) need B = 1")
+    if merged["gate"] != GATES[fam]:
+        raise _fail(path, sid, "gate", f"{merged['gate']!r}: family {fam} uses {GATES[fam]!r}")
+    if merged.get("dtype", "bfloat16") not in DTYPES:
+        raise _fail(path, sid, "dtype", f"{merged['dtype']!r} is not one of {DTYPES}")
+    lb = merged.get("lower_bound")
+    if fam == "kda":
+        if lb is None:
+            raise _fail(path, sid, "lower_bound", "missing (the bounded gate needs it)")
+        if not -5.0 <= lb < 0.0:
+            raise _fail(path, sid, "lower_bound", f"{lb} is outside [-5, 0)")
+        merged["lower_bound"] = float(lb)
+    elif lb is not None:
+        raise _fail(path, sid, "lower_bound", "only the kda family has a bounded gate")
+    if merged.get("scale") is not None:
+        if not (math.isfinite(merged["scale"]) and merged["scale"] > 0):
+            raise _fail(path, sid, "scale", f"{merged['scale']} must be a positive number")
+        merged["scale"] = float(merged["scale"])
+    merged["lens"] = tuple(lens)
+    return Shape(**merged)
+
+
+def canonical_hash(name: str, version: int, shapes: tuple[Shape, ...]) -> str:
+    """sha256 over the canonical JSON of the resolved set (independent of TOML layout)."""
+    doc = {"name": name, "version": version, "shapes": [asdict(s) for s in shapes]}
+    blob = json.dumps(doc, sort_keys=True, separators=(",", ":")).encode()
+    return "sha256:" + hashlib.sha256(blob).hexdigest()
+
+
+def load_file(path: str | Path) -> ShapeSet:
+    p = str(path)
+    try:
+        with open(path, "rb") as fh:
+            raw = tomllib.load(fh)
+    except FileNotFoundError:
+        raise ShapeError(f"{p}: no such shape file") from None
+    except tomllib.TOMLDecodeError as e:
+        raise ShapeError(f"{p}: not valid TOML: {e}") from None
+    for key in raw:
+        if key not in _TOP_KEYS:
+            raise ShapeError(f"{p}: unknown top-level key {key!r}")
+    for key, typ in (("name", str), ("version", int), ("hash", str)):
+        if not isinstance(raw.get(key), typ) or isinstance(raw.get(key), bool):
+            raise ShapeError(f"{p}: top-level field {key!r}: expected {typ.__name__}, got {raw.get(key)!r}")
+    defaults = raw.get("defaults", {})
+    if not isinstance(defaults, dict):
+        raise ShapeError(f"{p}: [defaults] must be a table")
+    raw_shapes = raw.get("shape", [])
+    if not isinstance(raw_shapes, list) or not raw_shapes:
+        raise ShapeError(f"{p}: no [[shape]] entries")
+    shapes = tuple(_parse_shape(p, s, defaults, i) for i, s in enumerate(raw_shapes))
+    ids = [s.id for s in shapes]
+    dup = {i for i in ids if ids.count(i) > 1}
+    if dup:
+        raise ShapeError(f"{p}: shape {sorted(dup)[0]!r}: field 'id': duplicated")
+    return ShapeSet(
+        name=raw["name"],
+        version=raw["version"],
+        hash=raw["hash"],
+        description=str(raw.get("description", "")),
+        shapes=shapes,
+        path=p,
+        families=tuple(sorted({s.family for s in shapes})),
+    )
+
+
+def available(directory: Path = SHAPES_DIR) -> dict[str, Path]:
+    return {p.stem: p for p in sorted(directory.glob("*.toml"))}
+
+
+def load(name_or_path: str, directory: Path = SHAPES_DIR) -> ShapeSet:
+    """A set by name (shapes/<name>.toml) or by path to a .toml file."""
+    if name_or_path.endswith(".toml") or "/" in name_or_path:
+        return load_file(name_or_path)
+    sets = available(directory)
+    if name_or_path not in sets:
+        raise ShapeError(f"no shape set {name_or_path!r} (known: {', '.join(sets) or 'none'})")
+    return load_file(sets[name_or_path])
+
+
+def load_ledger(directory: Path = SHAPES_DIR) -> dict[str, dict[str, str]]:
+    path = directory / FROZEN_LEDGER
+    if not path.exists():
+        return {}
+    return json.loads(path.read_text())
+
+
+def verify(ss: ShapeSet, ledger: dict[str, dict[str, str]]) -> list[str]:
+    """Problems with a set's freezing; empty when the set is intact."""
+    problems = []
+    actual = canonical_hash(ss.name, ss.version, ss.shapes)
+    if actual != ss.hash:
+        problems.append(f"{ss.path}: content hash {actual} differs from the frozen hash {ss.hash} "
+                        f"(a changed set needs a new version and a new hash)")
+    frozen = ledger.get(ss.name, {}).get(str(ss.version))
+    if frozen is None:
+        problems.append(f"{ss.path}: {ss.name} v{ss.version} is not recorded in shapes/{FROZEN_LEDGER}")
+    elif frozen != actual:
+        problems.append(f"{ss.path}: {ss.name} v{ss.version} was frozen as {frozen}; its content changed "
+                        f"without a version bump")
+    return problems
+
+
+def freeze(path: str | Path, directory: Path = SHAPES_DIR) -> str:
+    """Write a set's content hash into its file and record (name, version) in the ledger.
+
+    Refuses when that version is already recorded with another hash: bump the version.
+    """
+    import re
+
+    ss = load_file(path)
+    actual = canonical_hash(ss.name, ss.version, ss.shapes)
+    ledger = load_ledger(directory)
+    recorded = ledger.get(ss.name, {}).get(str(ss.version))
+    if recorded is not None and recorded != actual:
+        raise ShapeError(f"{path}: {ss.name} v{ss.version} is frozen as {recorded}; bump 'version' to change it")
+    text = Path(path).read_text()
+    new_text, n = re.subn(r'(?m)^hash\s*=\s*"[^"]*"', f'hash = "{actual}"', text, count=1)
+    if n != 1:
+        raise ShapeError(f"{path}: no top-level 'hash = \"...\"' line to write")
+    Path(path).write_text(new_text)
+    ledger.setdefault(ss.name, {})[str(ss.version)] = actual
+    (directory / FROZEN_LEDGER).write_text(json.dumps(ledger, indent=2, sort_keys=True) + "\n")
+    return actual
