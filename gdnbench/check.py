@@ -29,6 +29,7 @@ class Oracle:
     lowp_err_o: float
     lowp_err_state: float
     lens: tuple[int, ...]
+    tokens: int
     shortened: bool
 
     @property
@@ -52,6 +53,7 @@ class Verdict:
     lowp_err_o: float
     lowp_err_state: float
     lens: tuple[int, ...]
+    tokens: int
     shortened: bool
 
     def to_dict(self) -> dict:
@@ -97,7 +99,7 @@ def build_oracle(check_shape: Shape, inputs, full_shape: Shape) -> Oracle:
         lp = getattr(torch, check_shape.dtype)
         o_lp, s_lp = recurrence(*args, dtype=lp, **kw)
     return Oracle(o=o64, state=s64, lowp_err_o=rel_rms(o_lp, o64), lowp_err_state=rel_rms(s_lp, s64),
-                  lens=check_shape.lens, shortened=check_shape.tokens < full_shape.tokens)
+                  lens=check_shape.lens, tokens=check_shape.tokens, shortened=check_shape.tokens < full_shape.tokens)
 
 
 def judge(oracle: Oracle, o, state) -> Verdict:
@@ -128,5 +130,6 @@ def judge(oracle: Oracle, o, state) -> Verdict:
         lowp_err_o=oracle.lowp_err_o,
         lowp_err_state=oracle.lowp_err_state,
         lens=oracle.lens,
+        tokens=oracle.tokens,
         shortened=oracle.shortened,
     )

@@ -54,11 +54,10 @@ def index_rows(doc: dict, mode: str = "fwd") -> dict[tuple[str, str, str], dict]
 
 
 def shape_ids(doc: dict) -> list[str]:
-    ids = list(doc["shape_set"].get("shapes", {}))
-    for r in doc["rows"]:
-        if r["shape_id"] not in ids:
-            ids.append(r["shape_id"])
-    return ids
+    """Shapes that have rows, in the set's order."""
+    have = {r["shape_id"] for r in doc["rows"]}
+    ids = [s for s in doc["shape_set"].get("shapes", {}) if s in have]
+    return ids + sorted(have - set(ids))
 
 
 def keys_present(doc: dict) -> list[tuple[str, str]]:
@@ -204,7 +203,7 @@ def check_table(doc: dict, mode: str = "fwd") -> Table:
         c = r["check"]
         rows.append([r["shape_id"], f"{r['backend']}:{r['route']}", r["status"], f"{c['err_o']:.2e}",
                      f"{c['budget_o']:.2e}", "-" if c["err_state"] is None else f"{c['err_state']:.2e}",
-                     f"{c['budget_state']:.2e}", str(sum(c["lens"])) + (" (short)" if c["shortened"] else "")])
+                     f"{c['budget_state']:.2e}", str(c["tokens"]) + (" (short)" if c["shortened"] else "")])
     return Table("correctness gate (rel-RMS error vs fp64 recurrence; budget = "
                  "2 x error of the recurrence at storage precision)",
                  ["shape", "backend:route", "status", "err o", "budget o", "err state", "budget state", "check tokens"],
@@ -293,14 +292,15 @@ def to_markdown(tables: list[Table]) -> str:
 
 
 def to_rich(t: Table):
+    from rich.markup import escape
     from rich.table import Table as RichTable
 
-    rt = RichTable(title=t.title, title_justify="left", show_lines=False)
+    rt = RichTable(title=escape(t.title), title_justify="left", show_lines=False)
     for c in t.columns:
-        rt.add_column(c, overflow="fold")
+        rt.add_column(escape(c), overflow="fold")
     for r in t.rows:
-        rt.add_row(*r)
+        rt.add_row(*(escape(c) for c in r))
     if t.notes:
-        rt.caption = "\n".join(t.notes)
+        rt.caption = escape("\n".join(t.notes))
         rt.caption_justify = "left"
     return rt

@@ -79,6 +79,9 @@ def capture_env(device: str) -> dict:
         "device": device,
         "fla_dispatch_disabled": os.environ.get("FLA_DISABLE_BACKEND_DISPATCH", "1") == "1",
     }
+    from . import __version__
+
+    env["versions"]["gdnbench"] = __version__
     try:
         import torch
 
@@ -143,6 +146,7 @@ def write_atomic(doc: dict, path: Path) -> Path:
         with os.fdopen(fd, "w") as fh:
             json.dump(doc, fh, indent=1, sort_keys=False, allow_nan=True)
             fh.write("\n")
+        os.chmod(tmp, 0o644)
         os.replace(tmp, path)
     except BaseException:
         if os.path.exists(tmp):

@@ -99,12 +99,13 @@ def run_shape_isolated(ss: ShapeSet, shape: Shape, backend_names: list[str], rou
     if rc == 0:
         return rows
     have = {(r["backend"], r["route"]) for r in rows}
-    for name in backend_names:
+    for spec in backend_names:
+        name = registry.get(spec).name  # a 'module:Class' spec names itself differently in rows
         missing = [r for r in routes if (name, r) not in have]
         if not missing:
             continue
         if len(backend_names) > 1:  # run the backend alone so its neighbours' crash can't take it down
-            alone, rc2, tail2 = _run_child({**task, "backends": [name], "routes": missing}, timeout_s, on_row, device)
+            alone, rc2, tail2 = _run_child({**task, "backends": [spec], "routes": missing}, timeout_s, on_row, device)
             rows += alone
             got = {(r["backend"], r["route"]) for r in alone}
             reason = _summary_line(tail2, rc2)

@@ -1,0 +1,85 @@
+"""Fake backends that exercise the framework without a GPU (tritonbench style)."""
+
+from __future__ import annotations
+
+import os
+
+from gdnbench.backends.base import YES, Backend, no
+from gdnbench.backends.reference import ReferenceBackend
+
+
+class CorrectFake(ReferenceBackend):
+    """The reference, named otherwise: must pass the gate."""
+
+    name = "fake_correct"
+    routes = ("explicit", "flag")
+
+
+class WrongFake(ReferenceBackend):
+    """Output 10 % too large: must be marked incorrect and never timed."""
+
+    name = "fake_wrong"
+    routes = ("explicit",)
+
+    def prepare(self, shape, route, inputs):
+        inner = super().prepare(shape, route, inputs)
+
+        def call():
+            o, s = inner()
+            return o * 1.1, s
+
+        return call
+
+
+class NaNFake(ReferenceBackend):
+    name = "fake_nan"
+    routes = ("explicit",)
+
+    def prepare(self, shape, route, inputs):
+        inner = super().prepare(shape, route, inputs)
+
+        def call():
+            o, s = inner()
+            o = o.clone()
+            o.view(-1)[0] = float("nan")
+            return o, s
+
+        return call
+
+
+class RaisingFake(ReferenceBackend):
+    name = "fake_raising"
+    routes = ("explicit",)
+
+    def prepare(self, shape, route, inputs):
+        raise RuntimeError("kernel launch failed: out of resources")
+
+
+class UnavailableFake(Backend):
+    name = "fake_unavailable"
+    routes = ("explicit",)
+    devices = ("cpu",)
+
+    def is_available(self):
+        return no("library not installed")
+
+
+class CrashingFake(ReferenceBackend):
+    """Kills its process mid-run, as an illegal memory access would poison it."""
+
+    name = "fake_crash"
+    routes = ("explicit",)
+
+    def prepare(self, shape, route, inputs):
+        os._exit(17)
+
+
+class KdaOnlyFake(CorrectFake):
+    name = "fake_kda_only"
+    families = ("kda",)
+
+    def supports(self, shape, route, mode, device):
+        return super().supports(shape, route, mode, device) if shape.family == "kda" else no("no gdn kernel")
+
+
+__all__ = ["CorrectFake", "WrongFake", "NaNFake", "RaisingFake", "UnavailableFake", "CrashingFake", "YES"]

@@ -1,0 +1,89 @@
+"""The CLI through Typer's CliRunner: happy paths and one-line errors with exit codes."""
+
+import json
+
+import pytest
+from typer.testing import CliRunner
+
+from gdnbench.cli import EXIT_BAD_INPUT, EXIT_NO_DEVICE, app
+
+runner = CliRunner()
+
+
+def invoke(*args):
+    return runner.invoke(app, list(args), env={"COLUMNS": "200"})
+
+
+def test_help_and_shapes_commands():
+    assert invoke("--help").exit_code == 0
+    r = invoke("shapes", "list")
+    assert r.exit_code == 0 and "kda-legacy6" in r.output
+    r = invoke("shapes", "show", "gdn-qwen6")
+    assert r.exit_code == 0 and "h2_hv8_serving" in r.output
+    r = invoke("shapes", "verify")
+    assert r.exit_code == 0 and "FAIL" not in r.output
+
+
+def test_bad_shape_file_is_one_line_exit_2(tmp_path):
+    p = tmp_path / "bad.toml"
+    p.write_text('name="x"\nversion=1\nhash=""\n[[shape]]\nid="s"\nfamily="gdn"\nH=2\nHV=3\nK=16\nV=16\n'
+                 'lens=[8]\nseed=1\n')
+    r = invoke("shapes", "show", str(p))
+    assert r.exit_code == EXIT_BAD_INPUT
+    assert "field 'HV'" in r.output and "Traceback" not in r.output
+    r = invoke("run", "--device", "cpu", "--shapes", str(p), "--backends", "reference")
+    assert r.exit_code == EXIT_BAD_INPUT and "field 'HV'" in r.output
+
+
+def test_run_without_cuda_points_to_cpu():
+    import torch
+
+    if torch.cuda.is_available():
+        pytest.skip("has CUDA")
+    r = invoke("run")
+    assert r.exit_code == EXIT_NO_DEVICE and "--device cpu" in r.output
+
+
+@pytest.mark.parametrize("args, words", [
+    (("--backends", "nope"), "unknown backend 'nope'"),
+    (("--routes", "sideways"), "unknown route 'sideways'"),
+    (("--l2", "lukewarm"), "--l2"),
+    (("--shapes", "no-such-set"), "no shape set 'no-such-set'"),
+])
+def test_run_bad_arguments(args, words):
+    r = invoke("run", "--device", "cpu", *args)
+    assert r.exit_code == EXIT_BAD_INPUT and words in r.output and "Traceback" not in r.output
+
+
+def test_run_report_compare_plot_on_cpu(tmp_path):
+    out = tmp_path / "smoke.json"
+    r = invoke("run", "--device", "cpu", "--shapes", "smoke", "--backends", "reference", "--routes",
+               "explicit,flag", "--shape-id", "gdn_fixed_b2,kda_fixed", "--out", str(out))
+    assert r.exit_code == 0, r.output
+    d = json.loads(out.read_text())
+    assert d["schema_version"] == 1 and d["shape_set"]["name"] == "smoke" and d["run"]["device"] == "cpu"
+    assert {r["status"] for r in d["rows"]} == {"ok"} and len(d["rows"]) == 4
+    assert out.with_suffix(".png").exists()
+    r = invoke("report", str(out), "--markdown", str(tmp_path / "r.md"))
+    assert r.exit_code == 0 and "reference:flag/reference:explicit" in r.output
+    assert "over 2/2 shapes" in (tmp_path / "r.md").read_text()
+    r = invoke("compare", str(out), str(out))
+    assert r.exit_code == 0 and "geomean B/A [wall]: 1.000 over 4/4 rows" in r.output
+    r = invoke("plot", str(out), "--out", str(tmp_path / "p.png"), "--kind", "wall")
+    assert r.exit_code == 0 and (tmp_path / "p.png").exists()
+
+
+def test_report_errors_are_one_line(tmp_path):
+    r = invoke("report", str(tmp_path / "missing.json"))
+    assert r.exit_code == EXIT_BAD_INPUT and "no such results file" in r.output
+    other = tmp_path / "v0.json"
+    other.write_text(json.dumps({"schema_version": 0, "env": {}, "shape_set": {}, "timing": {}, "rows": []}))
+    r = invoke("report", str(other))
+    assert r.exit_code == EXIT_BAD_INPUT and "schema_version 0" in r.output
+
+
+def test_env_lists_backends():
+    r = invoke("env", "--device", "cpu")
+    assert r.exit_code == 0
+    for name in ("gdnbench", "fla", "helion", "flashinfer", "reference"):
+        assert name in r.output

@@ -1,0 +1,108 @@
+"""Results files, report tables, geomeans, compare and plot on synthetic documents."""
+
+import json
+import math
+
+import pytest
+
+from gdnbench import report as rep
+from gdnbench import results
+
+
+def row(shape, backend, route, wall=None, gpu=None, status="ok", reason=""):
+    r = {"shape_id": shape, "family": "gdn", "backend": backend, "route": route, "mode": "fwd", "status": status,
+         "reason": reason}
+    if status == "ok":
+        r["wall"] = {"median_us": wall, "round_spread": 0.01}
+        r["gpu"] = {"median_us": gpu, "round_spread": 0.01, "method": "graph"}
+        r["host_bound"] = wall > 1.2 * gpu
+        r["check"] = {"err_o": 1e-3, "budget_o": 1e-2, "err_state": 1e-3, "budget_state": 1e-2, "tokens": 64,
+                      "shortened": False}
+    return r
+
+
+def doc(rows, hash_="sha256:abc"):
+    return {"schema_version": results.SCHEMA_VERSION, "created_utc": "x", "env": {"device": "cuda"},
+            "shape_set": {"name": "t", "version": 1, "hash": hash_, "shapes": {"a": "", "b": "", "c": ""}},
+            "timing": {}, "run": {}, "rows": rows}
+
+
+ROWS = [
+    row("a", "fla", "explicit", 400, 200), row("a", "fla", "flag", 300, 200),
+    row("a", "gdnbench", "explicit", 200, 100), row("a", "gdnbench", "fused_qk", 100, 50),
+    row("b", "fla", "explicit", 800, 400), row("b", "fla", "flag", 800, 400),
+    row("b", "gdnbench", "explicit", 400, 400), row("b", "gdnbench", "fused_qk", status="incorrect", reason="err 0.3"),
+    row("c", "fla", "explicit", status="error", reason="illegal memory access"), row("c", "fla", "flag", 100, 100),
+    row("c", "gdnbench", "explicit", 100, 100), row("c", "gdnbench", "fused_qk", 90, 80),
+]
+
+
+def test_geomean_counts_and_exclusions():
+    d = doc(ROWS)
+    g = rep.geomean(d, "gdnbench:fused_qk/gdnbench:explicit", "gpu")
+    assert g.count == 2 and g.total == 3
+    assert g.value == pytest.approx(math.sqrt(0.5 * 0.8))
+    assert g.excluded == ["b: gdnbench:fused_qk incorrect: err 0.3"]
+    w = rep.geomean(d, "gdnbench:explicit/fla:explicit", "wall")
+    assert w.count == 2 and w.value == pytest.approx(0.5) and "illegal memory access" in w.excluded[0]
+    best = rep.geomean(d, "gdnbench:best/fla:best", "gpu")  # a: 50/200, b: 400/400, c: 80/100
+    assert best.count == 3 and best.value == pytest.approx((0.25 * 1.0 * 0.8) ** (1 / 3))
+    assert "1 over" not in g.text() and g.text().endswith("over 2/3 shapes")
+
+
+def test_standard_pairs_follow_the_rows():
+    pairs = rep.standard_pairs(doc(ROWS))
+    for p in ("fla:flag/fla:explicit", "gdnbench:fused_qk/gdnbench:explicit", "gdnbench:explicit/fla:explicit",
+              "gdnbench:fused_qk/fla:flag", "gdnbench:best/fla:best"):
+        assert p in pairs
+    assert not any("helion" in p for p in pairs)
+
+
+def test_tables_and_markdown():
+    tables = rep.report_tables(doc(ROWS))
+    titles = [t.title for t in tables]
+    assert any("geomean" in t for t in titles) and any("correctness" in t for t in titles)
+    time_t = tables[0]
+    assert time_t.rows[0][0] == "a" and "200 / 100*" in time_t.rows[0]
+    md = rep.to_markdown(tables)
+    assert "| shape |" in md and "gdnbench:fused_qk/gdnbench:explicit" in md and "over 2/3 shapes" in md
+
+
+def test_compare_matches_rows_and_refuses_other_sets():
+    a = doc(ROWS)
+    faster = [dict(r, gpu={**r["gpu"], "median_us": r["gpu"]["median_us"] / 2}) if r["status"] == "ok" else r
+              for r in ROWS]
+    t = rep.compare(a, doc(faster))[0]
+    assert any("geomean B/A [gpu]: 0.500" in n for n in t.notes)
+    with pytest.raises(rep.CompareError, match="shape sets differ"):
+        rep.compare(a, doc(ROWS, hash_="sha256:def"))
+
+
+def test_results_round_trip_and_schema_refusal(tmp_path):
+    d = doc(ROWS)
+    p = results.write_atomic(d, tmp_path / "sub" / "r.json")
+    assert results.load(p) == json.loads(json.dumps(d))
+    d2 = dict(d, schema_version=results.SCHEMA_VERSION + 1)
+    (tmp_path / "old.json").write_text(json.dumps(d2))
+    with pytest.raises(results.ResultsError, match="schema_version"):
+        results.load(tmp_path / "old.json")
+    (tmp_path / "bad.json").write_text("{nope")
+    with pytest.raises(results.ResultsError, match="not valid JSON"):
+        results.load(tmp_path / "bad.json")
+    bad_row = dict(d, rows=[dict(ROWS[0], status="fast")])
+    (tmp_path / "badrow.json").write_text(json.dumps(bad_row))
+    with pytest.raises(results.ResultsError, match="row 0: status"):
+        results.load(tmp_path / "badrow.json")
+
+
+def test_default_path_names_gpu_sha_and_set():
+    env = {"device": "cuda", "gpu": {"name": "NVIDIA H200"}, "git": {"sha": "0123456789abcdef", "dirty": True}}
+    p = results.default_path(env, "gdn-qwen6", "20261130T000000Z")
+    assert p.parts[-2] == "nvidia-h200" and p.name == "20261130T000000Z_01234567-dirty_gdn-qwen6.json"
+
+
+def test_plot_writes_png(tmp_path):
+    from gdnbench.plot import plot
+
+    out = plot(doc(ROWS), tmp_path / "c.png")
+    assert out.read_bytes()[:4] == b"\x89PNG"

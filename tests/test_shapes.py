@@ -1,0 +1,112 @@
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+
+from gdnbench import shapes as shp
+
+GOOD = """
+name = "t"
+version = 1
+hash = ""
+[defaults]
+family = "gdn"
+K = 32
+V = 32
+[[shape]]
+id = "a"
+H = 2
+HV = 4
+lens = [10, 20]
+seed = 1
+"""
+
+
+def write(tmp_path, text, name="t.toml"):
+    p = tmp_path / name
+    p.write_text(text)
+    return p
+
+
+def test_shipped_sets_parse_and_verify():
+    ledger = shp.load_ledger()
+    names = set(shp.available())
+    assert {"kda-legacy6", "gdn-qwen6", "models", "smoke"} <= names
+    for name in names:
+        ss = shp.load(name)
+        assert shp.verify(ss, ledger) == [], name
+
+
+def test_contract_sets_content():
+    kda = shp.load("kda-legacy6")
+    assert [s.id for s in kda.shapes] == ["h96_fixed", "h96_mixed", "h96_uniform", "h64_fixed", "h64_mixed",
+                                          "h64_uniform"]
+    assert [s.seed for s in kda.shapes] == list(range(10000, 10006))
+    for s in kda.shapes:
+        assert (s.K, s.V, s.tokens, s.dtype, s.lower_bound, s.family) == (128, 128, 8192, "bfloat16", -5.0, "kda")
+        assert s.attn_scale == pytest.approx(128 ** -0.5)
+    assert kda.get("h96_mixed").lens == (1300, 547, 2048, 963, 271, 3063)
+    gdn = shp.load("gdn-qwen6")
+    assert [(s.H, s.HV, s.tokens) for s in gdn.shapes] == [(16, 32, 8192), (16, 64, 8192), (4, 8, 8192),
+                                                           (16, 48, 8192), (16, 32, 32768), (2, 8, 8192)]
+    assert gdn.get("h2_hv8_serving").initial_state and gdn.get("h2_hv8_serving").varlen
+
+
+def test_defaults_layering_and_hash_is_semantic(tmp_path):
+    a = shp.load_file(write(tmp_path, GOOD))
+    assert a.shapes[0].HV == 4 and a.shapes[0].gate == "logsigmoid" and a.shapes[0].varlen
+    reformatted = GOOD.replace("K = 32\nV = 32\n", "").replace('id = "a"', 'id = "a"\nK = 32\nV = 32')
+    b = shp.load_file(write(tmp_path, reformatted, "u.toml"))
+    assert shp.canonical_hash(a.name, a.version, a.shapes) == shp.canonical_hash(b.name, b.version, b.shapes)
+
+
+def test_changed_set_fails_verify_until_version_bump(tmp_path):
+    d = tmp_path / "shapes"
+    d.mkdir()
+    src = shp.available()["smoke"]
+    p = d / "smoke.toml"
+    shutil.copy(src, p)
+    (d / shp.FROZEN_LEDGER).write_text(json.dumps(shp.load_ledger()))
+    assert shp.verify(shp.load_file(p), shp.load_ledger(d)) == []
+    p.write_text(p.read_text().replace("seed = 1\n", "seed = 99\n"))
+    problems = shp.verify(shp.load_file(p), shp.load_ledger(d))
+    assert any("differs from the frozen hash" in x for x in problems)
+    with pytest.raises(shp.ShapeError, match="bump 'version'"):
+        shp.freeze(p, d)  # same version, new content: refused
+    p.write_text(p.read_text().replace("version = 1", "version = 2"))
+    shp.freeze(p, d)
+    assert shp.verify(shp.load_file(p), shp.load_ledger(d)) == []
+    assert set(shp.load_ledger(d)["smoke"]) == {"1", "2"}
+
+
+@pytest.mark.parametrize("edit, field, words", [
+    (("HV = 4", "HV = 3"), "HV", "not a multiple of H=2"),
+    (("lens = [10, 20]", "lens = [10, -5]"), "lens", "not positive"),
+    (("lens = [10, 20]", "lens = []"), "lens", "empty"),
+    (("K = 32", "K = 512"), "K", "over 256"),
+    (("seed = 1", "seed = 1\ncolour = 3"), "colour", "unknown key"),
+    (("H = 2", 'H = "2"'), "H", "expected int"),
+    (("H = 2", "H = true"), "H", "got bool"),
+])
+def test_bad_files_name_file_shape_and_field(tmp_path, edit, field, words):
+    p = write(tmp_path, GOOD.replace(*edit))
+    with pytest.raises(shp.ShapeError) as e:
+        shp.load_file(p)
+    msg = str(e.value)
+    assert str(p) in msg and "'a'" in msg and f"field {field!r}" in msg and words in msg
+    assert "\n" not in msg
+
+
+def test_kda_needs_lower_bound(tmp_path):
+    p = write(tmp_path, GOOD.replace('family = "gdn"', 'family = "kda"'))
+    with pytest.raises(shp.ShapeError, match="lower_bound"):
+        shp.load_file(p)
+
+
+def test_shortened_keeps_the_mix():
+    s = shp.load("kda-legacy6").get("h96_mixed")
+    short = s.shortened(1024)
+    assert len(short.lens) == len(s.lens) and short.tokens <= 1030 and short.H == s.H
+    assert short.lens[2] > short.lens[4]  # 2048 stays longer than 271
+    assert s.shortened(10 ** 6) is s
