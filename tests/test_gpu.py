@@ -12,7 +12,7 @@ pytestmark = pytest.mark.gpu
 SMALL = ShapeSet("gpu-small", 1, "", "", (
     Shape(id="gdn", family="gdn", H=2, HV=4, K=128, V=128, lens=(300, 200), seed=7, gate="logsigmoid",
           initial_state=True),
-    Shape(id="kda", family="kda", H=4, K=128, V=128, lens=(512,), seed=8, gate="bounded", lower_bound=-5.0),
+    Shape(id="kda", family="kda", H=4, HV=4, K=128, V=128, lens=(512,), seed=8, gate="bounded", lower_bound=-5.0),
 ), families=("gdn", "kda"))
 
 
