@@ -1,0 +1,79 @@
+"""Small Triton helpers shared by the GDN kernels.
+
+Portability: only plain pointer arithmetic with masks (no block pointers, which
+Triton 3.9 removed), so the same source runs on Triton 3.6 (GPU) and under
+``TRITON_INTERPRET=1``.
+
+Gates: the gram kernel stores the chunk-local cumsum of g multiplied by log2(e),
+so every later kernel decays with ``exp2`` (one MUFU op on NVIDIA).
+
+L2 norm: ``x / sqrt(sum(x^2) + eps)`` in fp32.  Kernels that see a row in
+tiles accumulate two sums, sum(x^2) and sum((x * 2^-70)^2).  When the first
+reaches 2^100 (a row of magnitude ~1e15 and up; at ~1e19 it overflows fp32 and
+``x / sqrt(inf)`` would give 0, or 0 * inf = NaN downstream) the rstd comes
+from the pre-scaled sum instead, where eps is negligible anyway.  Otherwise it
+is the plain formula.  Scaling by a power of two is exact.
+"""
+
+import triton
+import triton.language as tl
+
+LOG2E = tl.constexpr(1.4426950408889634)
+L2_EPS = tl.constexpr(1e-6)
+SSQ_BIG = tl.constexpr(2.0**100)  # above this sum of squares, use the pre-scaled one
+SSQ_LO = tl.constexpr(2.0**-70)  # pre-scale: (2^128 * 2^-70)^2 * 256 = 2^124 stays finite
+
+
+@triton.jit
+def chunk_coords(i_c, i_b, T, NT, cu_seqlens, chunk_indices, BT: tl.constexpr, IS_VARLEN: tl.constexpr):
+    """Locate chunk ``i_c`` (grid index) of batch ``i_b``.
+
+    Returns (tok0, n_valid, i_g): the chunk's first token in the flattened
+    [B*T] token axis (int64: kernels add ``tok0 * stride`` to their base
+    pointers as a scalar, so per-element offsets stay int32 and small), the
+    number of valid rows in the chunk (<= BT at a sequence's tail), and the
+    chunk's global index (row of the per-chunk state buffer).
+    Varlen (B == 1): ``chunk_indices`` is the host-built [NC, 2] int32 table
+    (sequence id, chunk id within the sequence), in sequence order.
+    """
+    if IS_VARLEN:
+        i_n = tl.load(chunk_indices + 2 * i_c).to(tl.int64)
+        i_t = tl.load(chunk_indices + 2 * i_c + 1).to(tl.int64)
+        bos = tl.load(cu_seqlens + i_n).to(tl.int64)
+        seq_len = tl.load(cu_seqlens + i_n + 1).to(tl.int64) - bos
+        i_g = i_c.to(tl.int64)
+    else:
+        bos = i_b.to(tl.int64) * T
+        seq_len = T
+        i_t = i_c.to(tl.int64)
+        i_g = i_b.to(tl.int64) * NT + i_t
+    return bos + i_t * BT, (seq_len - i_t * BT).to(tl.int32), i_g
+
+
+@triton.jit
+def sq_sums(xf):
+    """Row sums of squares of an fp32 tile: (sum(x^2), sum((x * 2^-70)^2))."""
+    xl = xf * SSQ_LO
+    return tl.sum(xf * xf, 1), tl.sum(xl * xl, 1)
+
+
+@triton.jit
+def l2_rstd(ssq, ssq_lo):
+    """1/sqrt(sum(x^2) + eps), overflow-safe given both sums from :func:`sq_sums`."""
+    big = ssq >= SSQ_BIG
+    return tl.where(big, SSQ_LO / tl.sqrt(tl.where(big, ssq_lo, 1.0)), 1.0 / tl.sqrt(tl.where(big, 1.0, ssq) + L2_EPS))
+
+
+@triton.jit
+def l2norm_kernel(x, y, M, D: tl.constexpr, DP: tl.constexpr, BR: tl.constexpr):
+    """y[r] = x[r] / sqrt(sum(x[r]^2) + eps) for BR rows of a contiguous [M, D] matrix."""
+    rows = tl.program_id(0).to(tl.int64) * BR + tl.arange(0, BR)
+    cols = tl.arange(0, DP)
+    mask = (rows < M)[:, None] & (cols < D)[None, :]
+    offs = rows[:, None] * D + cols[None, :]
+    xf = tl.load(x + offs, mask=mask, other=0.0).to(tl.float32)
+    ssq, ssq_lo = sq_sums(xf)
+    big = (ssq >= SSQ_BIG)[:, None]
+    huge = (xf * SSQ_LO) / tl.sqrt(tl.where(big, ssq_lo[:, None], 1.0))
+    out = tl.where(big, huge, xf / tl.sqrt(ssq + L2_EPS)[:, None])
+    tl.store(y + offs, out.to(y.dtype.element_ty), mask=mask)

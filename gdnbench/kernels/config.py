@@ -1,0 +1,132 @@
+"""Launch configurations of the chunked GDN forward kernels.
+
+Every kernel takes its tunables from one frozen dataclass; :class:`GDNConfig`
+collects them.  Nothing is autotuned at call time: a benchmark harness builds
+configs itself and checks them with :func:`validate` (the single validity
+function) before timing.
+
+Block sizes are *upper bounds*: a kernel uses ``min(BK, next_pow2(K))`` (and
+likewise for BV), so the defaults are valid for every supported head size.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import triton
+
+CHUNK_SIZE = 64  # BT, fixed: the intra-chunk solve is written for 4 sub-blocks of 16
+SUB_CHUNK = 16  # BC: forward-substitution block of the (I + A)^-1 solve
+MAX_HEAD_DIM = 256
+SMEM_LIMIT_BYTES = 227 * 1024  # Hopper (H100/H200) opt-in shared memory per block
+
+_BLOCKS = (16, 32, 64, 128, 256)
+_WARPS = (1, 2, 4, 8, 16)
+
+
+@dataclass(frozen=True)
+class KernelConfig:
+    """Tunables of one Triton kernel.  ``BK``/``BV`` are None where a kernel has no such block."""
+
+    BK: int | None = None
+    BV: int | None = None
+    num_warps: int = 4
+    num_stages: int = 2
+    maxnreg: int | None = None
+
+
+@dataclass(frozen=True)
+class L2NormConfig:
+    """Tunables of the standalone l2norm kernel (``BR`` rows per program)."""
+
+    BR: int = 16
+    num_warps: int = 4
+    num_stages: int = 1
+    maxnreg: int | None = None
+
+
+@dataclass(frozen=True)
+class GDNConfig:
+    """One config per stage kernel of :func:`gdnbench.ops.chunk_gdn`.
+
+    Defaults were picked (for K = V = 128, bf16, sm_90) as the configs that
+    compile without register spills in an offline sm_90 compile; confirm or
+    re-pick them with ``scripts/gpu_gdn_check.py --sweep`` on the H200."""
+
+    l2norm: L2NormConfig = field(default_factory=L2NormConfig)
+    # gate cumsum + beta*K K^T gram + (I + A)^-1 solve, per (chunk, head)
+    gram: KernelConfig = field(default_factory=lambda: KernelConfig(BK=32, num_warps=4, num_stages=2))
+    # w = A (beta exp(g) k), u = A (beta v), per (chunk, head)
+    wu: KernelConfig = field(default_factory=lambda: KernelConfig(BK=64, BV=64, num_warps=8, num_stages=2))
+    # inter-chunk state recurrence, per (V block, sequence*head); K is split into 64-row pieces
+    state: KernelConfig = field(default_factory=lambda: KernelConfig(BV=32, num_warps=4, num_stages=2))
+    # output, per (V block, chunk, batch*head)
+    output: KernelConfig = field(default_factory=lambda: KernelConfig(BK=128, BV=64, num_warps=8, num_stages=2))
+
+
+DEFAULT_CONFIG = GDNConfig()
+
+
+def block(b: int, dim: int) -> int:
+    """The block size a kernel actually uses for a dimension of size ``dim``."""
+    return min(b, triton.next_power_of_2(dim))
+
+
+def _smem_estimate(name: str, c, K: int, V: int, elt: int) -> int:
+    """Rough estimate of a kernel's shared memory (bytes): pipelined operand tiles x stages.
+
+    Calibrated against offline sm_90 compiles; it is a guard against configs that
+    cannot launch, not an exact figure."""
+    BT, BC = CHUNK_SIZE, SUB_CHUNK
+    st = max(c.num_stages, 1)
+    if name == "l2norm":
+        return c.BR * triton.next_power_of_2(K) * 4
+    if name == "gram":
+        return st * 4 * BC * block(c.BK, K) * elt
+    if name == "wu":
+        bk, bv = block(c.BK, K), block(c.BV, V)
+        return BT * BT * elt + st * BT * max(bk, bv) * elt
+    if name == "state":
+        # the pipeliner double-buffers the w and k pieces of every 64-row state piece (measured
+        # for fp32; 16-bit builds stay far below this)
+        bv, pieces = block(c.BV, V), triton.cdiv(K, 64)
+        return max(st - 1, 1) * pieces * 2 * BT * 64 * elt + 2 * BT * bv * elt
+    if name == "output":
+        bk, bv = block(c.BK, K), block(c.BV, V)
+        return st * (2 * BT * bk + bk * bv) * elt + BT * bv * elt + BT * BT * elt
+    raise KeyError(name)
+
+
+def validate(config: GDNConfig, K: int, V: int, dtype_bytes: int = 2) -> None:
+    """Raise ValueError if ``config`` cannot run head sizes ``K``/``V``.
+
+    Checks head sizes (multiples of 16, at most 256), block sizes (powers of two
+    in 16..256 where the kernel has them), warps/stages/maxnreg ranges, and a
+    rough shared-memory estimate against the Hopper limit.
+    """
+    if not isinstance(config, GDNConfig):
+        raise ValueError(f"config must be a GDNConfig, got {type(config).__name__}")
+    for name, dim in (("K", K), ("V", V)):
+        if dim % 16 != 0 or not 16 <= dim <= MAX_HEAD_DIM:
+            raise ValueError(f"{name}={dim} must be a multiple of 16 in [16, {MAX_HEAD_DIM}]")
+    needs = {"l2norm": (), "gram": ("BK",), "wu": ("BK", "BV"), "state": ("BV",), "output": ("BK", "BV")}
+    for name, blocks in needs.items():
+        c = getattr(config, name)
+        want = L2NormConfig if name == "l2norm" else KernelConfig
+        if not isinstance(c, want):
+            raise ValueError(f"config.{name} must be a {want.__name__}")
+        for b in blocks:
+            val = getattr(c, b)
+            if val not in _BLOCKS:
+                raise ValueError(f"config.{name}.{b}={val!r} must be one of {_BLOCKS}")
+        if name == "l2norm" and (c.BR < 1 or c.BR & (c.BR - 1)):
+            raise ValueError(f"config.l2norm.BR={c.BR} must be a power of two")
+        if c.num_warps not in _WARPS:
+            raise ValueError(f"config.{name}.num_warps={c.num_warps} must be one of {_WARPS}")
+        if not 1 <= c.num_stages <= 8:
+            raise ValueError(f"config.{name}.num_stages={c.num_stages} must be in [1, 8]")
+        if c.maxnreg is not None and (not 32 <= c.maxnreg <= 255 or c.maxnreg % 8):
+            raise ValueError(f"config.{name}.maxnreg={c.maxnreg} must be None or a multiple of 8 in [32, 255]")
+        smem = _smem_estimate(name, c, K, V, dtype_bytes)
+        if smem > SMEM_LIMIT_BYTES:
+            raise ValueError(f"config.{name} needs ~{smem} B of shared memory (> {SMEM_LIMIT_BYTES})")

@@ -1,0 +1,84 @@
+"""Output kernel: o = scale * (exp(g) * (q h) + causal(q k^T * exp(g_i - g_j)) v_new).
+
+FUSE_Q folds q's l2 norm in: every q-dependent term is linear in q's row, so
+the K-tile loop runs on the raw q, accumulates each row's sums of squares in
+fp32 (overflow-safe pair, see common.sq_sums), and one row factor
+1/sqrt(ssq + eps) is applied at the end, before the fp32 -> 16-bit cast of the
+intra-chunk gram.  FUSE_K normalizes each k^T tile on load with rstd_k (so a
+huge raw k row cannot overflow q k^T).  Limitation: the raw-q products can
+overflow fp32 only for |q| rows beyond ~1e36.
+"""
+
+import triton
+import triton.language as tl
+
+from .common import chunk_coords, l2_rstd, sq_sums
+
+
+@triton.jit
+def _qh_qk(qb, kb, hb, rows, m_t, o_v, r_k, K: tl.constexpr, V: tl.constexpr, stride,
+           BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
+           FUSE_Q: tl.constexpr, FUSE_K: tl.constexpr, PREC: tl.constexpr):
+    """(q h, q k^T, q rows' sums of squares) accumulated over the K-tile loop."""
+    b_o = tl.zeros([BT, BV], dtype=tl.float32)
+    b_s = tl.zeros([BT, BT], dtype=tl.float32)
+    ssq = tl.zeros([BT], dtype=tl.float32)
+    lo = tl.zeros([BT], dtype=tl.float32)
+    for i_k in range(tl.cdiv(K, BK)):
+        o_k = i_k * BK + tl.arange(0, BK)
+        m_k = o_k < K
+        b_q = tl.load(qb + rows[:, None] * stride + o_k[None, :], mask=m_t[:, None] & m_k[None, :], other=0.0)
+        if FUSE_Q:
+            a, b = sq_sums(b_q.to(tl.float32))
+            ssq += a
+            lo += b
+        b_kt = tl.load(kb + rows[None, :] * stride + o_k[:, None], mask=m_k[:, None] & m_t[None, :], other=0.0)
+        if FUSE_K:
+            b_kt = (b_kt.to(tl.float32) * r_k[None, :]).to(b_kt.dtype)
+        b_h = tl.load(hb + o_k[:, None] * V + o_v[None, :], mask=m_k[:, None] & (o_v < V)[None, :], other=0.0)
+        b_o = tl.dot(b_q, b_h, b_o, input_precision=PREC)
+        b_s = tl.dot(b_q, b_kt, b_s, input_precision=PREC)
+    return b_o, b_s, ssq, lo
+
+
+@triton.jit(do_not_specialize=["T", "NT"])
+def output_kernel(
+    q, k, v_new, h, g_cs, rstd_k, o, cu_seqlens, chunk_indices, scale, T, NT,
+    H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
+    BK: tl.constexpr, BV: tl.constexpr, BT: tl.constexpr,
+    IS_VARLEN: tl.constexpr, FUSE_Q: tl.constexpr, FUSE_K: tl.constexpr, PREC: tl.constexpr,
+):
+    """Grid (cdiv(V, BV), chunks, B*HV)."""
+    i_v, i_c, i_bh = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+    i_b, i_hv = i_bh // HV, i_bh % HV
+    i_h = i_hv // (HV // H)
+    tok0, n_valid, i_g = chunk_coords(i_c, i_b, T, NT, cu_seqlens, chunk_indices, BT, IS_VARLEN)
+
+    rows = tl.arange(0, BT)
+    m_t = rows < n_valid
+    o_v = i_v * BV + tl.arange(0, BV)
+    m_v = o_v < V
+
+    qb = q + tok0 * (H * K) + i_h * K
+    kb = k + tok0 * (H * K) + i_h * K
+    hb = h + (i_g * HV + i_hv) * K * V
+    r_k = tl.zeros([BT], dtype=tl.float32)
+    if FUSE_K:
+        r_k = tl.load(rstd_k + tok0 * H + i_h + rows * H, mask=m_t, other=0.0)
+    b_o, b_s, ssq, lo = _qh_qk(qb, kb, hb, rows, m_t, o_v, r_k, K, V, H * K, BT, BK, BV, FUSE_Q, FUSE_K, PREC)
+
+    c = tl.load(g_cs + tok0 * HV + i_hv + rows * HV, mask=m_t, other=0.0)
+    b_o = b_o * tl.math.exp2(c)[:, None]
+    keep = (rows[:, None] >= rows[None, :]) & m_t[:, None] & m_t[None, :]
+    b_s = tl.where(keep, b_s * tl.math.exp2(c[:, None] - c[None, :]), 0.0)
+    if FUSE_Q:
+        # scale before the cast: an unnormalized fp16 row could overflow fp16
+        r_q = l2_rstd(ssq, lo)
+        b_o = b_o * r_q[:, None]
+        b_s = b_s * r_q[:, None]
+
+    m_tv = m_t[:, None] & m_v[None, :]
+    p_tv = rows[:, None] * (HV * V) + o_v[None, :]
+    b_vn = tl.load(v_new + tok0 * (HV * V) + i_hv * V + p_tv, mask=m_tv, other=0.0)
+    b_o = tl.dot(b_s.to(b_vn.dtype), b_vn, b_o, input_precision=PREC) * scale
+    tl.store(o + tok0 * (HV * V) + i_hv * V + p_tv, b_o.to(o.dtype.element_ty), mask=m_tv)

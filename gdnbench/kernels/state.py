@@ -1,0 +1,155 @@
+"""Inter-chunk state recurrence.
+
+One program owns a [K, BV] column slab of one (sequence, value head) state and
+walks the sequence's chunks in order, keeping the slab in registers as fp32
+64-row pieces (h1..h4 cover K up to 256; pieces past K are compiled out).  Per
+chunk (decays in log2 units, c = g_cs):
+
+    h_chunk  <- h                                   (stored for the output kernel)
+    v_new     = u - w h                             (stored for the output kernel)
+    h         = exp2(c_last) h + k^T (exp2(c_last - c) * v_new)
+"""
+
+import triton
+import triton.language as tl
+
+PIECE = tl.constexpr(64)
+
+
+@triton.jit
+def _piece_load(ptr, o_k, o_v, K: tl.constexpr, V: tl.constexpr):
+    return tl.load(ptr + o_k[:, None] * V + o_v[None, :], mask=(o_k < K)[:, None] & (o_v < V)[None, :],
+                   other=0.0).to(tl.float32)
+
+
+@triton.jit
+def _piece_store(ptr, b_h, o_k, o_v, K: tl.constexpr, V: tl.constexpr):
+    tl.store(ptr + o_k[:, None] * V + o_v[None, :], b_h.to(ptr.dtype.element_ty),
+             mask=(o_k < K)[:, None] & (o_v < V)[None, :])
+
+
+@triton.jit
+def _w_times_h(wb, rows, m_t, o_k, b_h, acc, K: tl.constexpr, stride, PREC: tl.constexpr):
+    """acc += w[:, piece] @ h_piece."""
+    b_w = tl.load(wb + rows[:, None] * stride + o_k[None, :], mask=m_t[:, None] & (o_k < K)[None, :], other=0.0)
+    return tl.dot(b_w, b_h.to(b_w.dtype), acc, input_precision=PREC)
+
+
+@triton.jit
+def _add_kv(kb, rows, m_t, o_k, b_vd, b_h, r_k, K: tl.constexpr, stride, FUSE_K: tl.constexpr,
+            PREC: tl.constexpr):
+    """h_piece += k[:, piece]^T @ v_decayed, k normalized on load when FUSE_K."""
+    b_kt = tl.load(kb + rows[None, :] * stride + o_k[:, None], mask=(o_k < K)[:, None] & m_t[None, :], other=0.0)
+    if FUSE_K:
+        b_kt = (b_kt.to(tl.float32) * r_k[None, :]).to(b_kt.dtype)
+    return tl.dot(b_kt, b_vd, b_h, input_precision=PREC)
+
+
+@triton.jit(do_not_specialize=["T"])
+def state_kernel(
+    k, w, u, g_cs, rstd_k, h, v_new, h0, ht, cu_seqlens, chunk_offsets, T,
+    H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
+    BV: tl.constexpr, BT: tl.constexpr,
+    IS_VARLEN: tl.constexpr, FUSE_K: tl.constexpr, USE_H0: tl.constexpr, STORE_HT: tl.constexpr,
+    PREC: tl.constexpr,
+):
+    """Grid (cdiv(V, BV), N*HV).  h: [num_chunks, HV, K, V] per-chunk states (k's dtype),
+    v_new: like u, h0/ht: [N, HV, K, V] fp32."""
+    i_v, i_nh = tl.program_id(0), tl.program_id(1)
+    i_n, i_hv = i_nh // HV, i_nh % HV
+    i_h = i_hv // (HV // H)
+    if IS_VARLEN:
+        bos = tl.load(cu_seqlens + i_n).to(tl.int64)
+        seq_len = (tl.load(cu_seqlens + i_n + 1).to(tl.int64) - bos).to(tl.int32)
+        boh = tl.load(chunk_offsets + i_n).to(tl.int64)
+    else:
+        bos = i_n.to(tl.int64) * T
+        seq_len = T
+        boh = i_n.to(tl.int64) * tl.cdiv(T, BT)
+    n_chunks = tl.cdiv(seq_len, BT)
+
+    o_v = i_v * BV + tl.arange(0, BV)
+    m_v = o_v < V
+    o_k1 = tl.arange(0, PIECE)
+    o_k2 = o_k1 + PIECE
+    o_k3 = o_k2 + PIECE
+    o_k4 = o_k3 + PIECE
+
+    b_h1 = tl.zeros([PIECE, BV], dtype=tl.float32)
+    if K > 64:
+        b_h2 = tl.zeros([PIECE, BV], dtype=tl.float32)
+    if K > 128:
+        b_h3 = tl.zeros([PIECE, BV], dtype=tl.float32)
+    if K > 192:
+        b_h4 = tl.zeros([PIECE, BV], dtype=tl.float32)
+    if USE_H0:
+        p0 = h0 + i_nh.to(tl.int64) * K * V
+        b_h1 += _piece_load(p0, o_k1, o_v, K, V)
+        if K > 64:
+            b_h2 += _piece_load(p0, o_k2, o_v, K, V)
+        if K > 128:
+            b_h3 += _piece_load(p0, o_k3, o_v, K, V)
+        if K > 192:
+            b_h4 += _piece_load(p0, o_k4, o_v, K, V)
+
+    rows = tl.arange(0, BT)
+    for i_t in range(n_chunks):
+        # per-chunk base pointers (int64 scalars); element offsets below are int32 and chunk-local
+        tok = bos + i_t * BT
+        kb = k + tok * (H * K) + i_h * K
+        wb = w + tok * (HV * K) + i_hv * K
+        ub = u + tok * (HV * V) + i_hv * V
+        vnb = v_new + tok * (HV * V) + i_hv * V
+        gb = g_cs + tok * HV + i_hv
+        # state entering this chunk
+        ph = h + ((boh + i_t) * HV + i_hv) * K * V
+        _piece_store(ph, b_h1, o_k1, o_v, K, V)
+        if K > 64:
+            _piece_store(ph, b_h2, o_k2, o_v, K, V)
+        if K > 128:
+            _piece_store(ph, b_h3, o_k3, o_v, K, V)
+        if K > 192:
+            _piece_store(ph, b_h4, o_k4, o_v, K, V)
+
+        n_valid = seq_len - i_t * BT
+        m_t = rows < n_valid
+        # v_new = u - w h
+        b_wh = tl.zeros([BT, BV], dtype=tl.float32)
+        b_wh = _w_times_h(wb, rows, m_t, o_k1, b_h1, b_wh, K, HV * K, PREC)
+        if K > 64:
+            b_wh = _w_times_h(wb, rows, m_t, o_k2, b_h2, b_wh, K, HV * K, PREC)
+        if K > 128:
+            b_wh = _w_times_h(wb, rows, m_t, o_k3, b_h3, b_wh, K, HV * K, PREC)
+        if K > 192:
+            b_wh = _w_times_h(wb, rows, m_t, o_k4, b_h4, b_wh, K, HV * K, PREC)
+        m_tv = m_t[:, None] & m_v[None, :]
+        p_uv = rows[:, None] * (HV * V) + o_v[None, :]
+        b_vn = tl.load(ub + p_uv, mask=m_tv, other=0.0).to(tl.float32) - b_wh
+        tl.store(vnb + p_uv, b_vn.to(v_new.dtype.element_ty), mask=m_tv)
+
+        # decay to the chunk end, then add the chunk's keys/values
+        last = tl.minimum(n_valid, BT) - 1
+        c_last = tl.load(gb + last * HV)
+        c = tl.load(gb + rows * HV, mask=m_t, other=0.0)
+        b_vd = (b_vn * tl.where(m_t, tl.math.exp2(c_last - c), 0.0)[:, None]).to(k.dtype.element_ty)
+        d_last = tl.math.exp2(c_last)
+        r_k = tl.zeros([BT], dtype=tl.float32)
+        if FUSE_K:
+            r_k = tl.load(rstd_k + tok * H + i_h + rows * H, mask=m_t, other=0.0)
+        b_h1 = _add_kv(kb, rows, m_t, o_k1, b_vd, b_h1 * d_last, r_k, K, H * K, FUSE_K, PREC)
+        if K > 64:
+            b_h2 = _add_kv(kb, rows, m_t, o_k2, b_vd, b_h2 * d_last, r_k, K, H * K, FUSE_K, PREC)
+        if K > 128:
+            b_h3 = _add_kv(kb, rows, m_t, o_k3, b_vd, b_h3 * d_last, r_k, K, H * K, FUSE_K, PREC)
+        if K > 192:
+            b_h4 = _add_kv(kb, rows, m_t, o_k4, b_vd, b_h4 * d_last, r_k, K, H * K, FUSE_K, PREC)
+
+    if STORE_HT:
+        pt = ht + i_nh.to(tl.int64) * K * V
+        _piece_store(pt, b_h1, o_k1, o_v, K, V)
+        if K > 64:
+            _piece_store(pt, b_h2, o_k2, o_v, K, V)
+        if K > 128:
+            _piece_store(pt, b_h3, o_k3, o_v, K, V)
+        if K > 192:
+            _piece_store(pt, b_h4, o_k4, o_v, K, V)

@@ -1,0 +1,293 @@
+"""Our chunked Gated DeltaNet forward in Triton (FLA 0.6.0 ``chunk_gated_delta_rule`` conventions).
+
+Public API
+----------
+``chunk_gdn(q, k, v, g, beta, *, scale=None, initial_state=None, output_final_state=False,
+cu_seqlens=None, norm="flag", config=None, chunk_indices=None) -> (o, final_state | None)``
+
+``l2norm(x)``, ``prepare_varlen(cu_seqlens)``, ``GDNConfig`` / ``KernelConfig`` /
+``L2NormConfig`` / ``validate`` and the stage functions (``gram_solve``,
+``recompute_wu``, ``state_recurrence``, ``chunk_output``) used by the benchmark
+scripts to time each kernel on its own.
+
+Shapes: q, k [B,T,H,K]; v [B,T,HV,V] (HV % H == 0, value head i reads key head
+i // (HV // H)); g (natural-log decay, per token) and beta (post-sigmoid)
+[B,T,HV]; states [N,HV,K,V] fp32; packed varlen: B == 1 and int64 cu_seqlens [N+1].
+
+Per sequence and value head the op computes, for t = 1..T,
+``S = exp(g_t) S;  S += k_t (beta_t (v_t - S^T k_t))^T;  o_t = scale * S^T q_t``.
+
+Stages (chunk size 64): (1) gram_solve: chunk-local cumsum of g, the beta K K^T
+gram and A = (I + L)^-1; (2) recompute_wu: w = A (beta exp(g) k), u = A (beta v);
+(3) state_recurrence: h per chunk and v_new = u - w h; (4) chunk_output.
+
+``norm``: "none" (q, k as given), "flag" (standalone l2norm of q and k, then the
+kernels), "fused_q" (q's norm folded into the output kernel, k standalone),
+"fused_qk" (k's norm too: its rstd is computed by the gram kernel and applied to
+every later use of k; no normalized copy of k is written).  Fused routes are
+forward-only.  Every route is forward-only in the sense that no autograd graph
+is recorded; only the fused routes refuse inputs that require grad.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+import torch
+import triton
+
+from .kernels.common import l2norm_kernel
+from .kernels.config import (
+    CHUNK_SIZE,
+    DEFAULT_CONFIG,
+    SUB_CHUNK,
+    GDNConfig,
+    KernelConfig,
+    L2NormConfig,
+    block,
+    validate,
+)
+from .kernels.intra import gram_solve_kernel, wu_kernel
+from .kernels.output import output_kernel
+from .kernels.state import state_kernel
+
+__all__ = [
+    "GDNConfig",
+    "KernelConfig",
+    "L2NormConfig",
+    "NORM_MODES",
+    "VarlenInfo",
+    "chunk_gdn",
+    "chunk_output",
+    "gram_solve",
+    "l2norm",
+    "prepare_varlen",
+    "recompute_wu",
+    "state_recurrence",
+    "validate",
+]
+
+NORM_MODES = ("none", "flag", "fused_q", "fused_qk")
+
+
+# ----------------------------------------------------------------------------- helpers
+def _interpreting() -> bool:
+    return os.environ.get("TRITON_INTERPRET", "0") == "1"
+
+
+def _launch(kernel, grid, cfg, *args, **kwargs):
+    """Launch with the config's num_warps/num_stages; maxnreg only on GPU and only when set."""
+    opts = {"num_warps": cfg.num_warps, "num_stages": cfg.num_stages}
+    if cfg.maxnreg is not None and not _interpreting():
+        opts["maxnreg"] = cfg.maxnreg
+    kernel[grid](*args, **kwargs, **opts)
+
+
+def _precision(dtype: torch.dtype) -> str:
+    """Precision of the kernels' fp32 x fp32 dots.
+
+    fp32 storage: "tf32x3" (three tensor-core tf32 products, about fp32 accuracy);
+    "ieee" would lower to an FMA loop whose operand staging needs ~300 KB of shared
+    memory in the state kernel at K = 256.  16-bit storage: only the solve's fp32
+    block products see this, and tf32 is plenty there (as in FLA)."""
+    return "tf32x3" if dtype == torch.float32 else "tf32"
+
+
+@dataclass(frozen=True)
+class VarlenInfo:
+    """Host-built chunk tables of a packed batch (see :func:`prepare_varlen`)."""
+
+    cu_seqlens: torch.Tensor  # [N+1] int64
+    chunk_indices: torch.Tensor  # [num_chunks, 2] int32: (sequence id, chunk id within sequence)
+    chunk_offsets: torch.Tensor  # [N+1] int32: first global chunk of each sequence
+    num_chunks: int
+    num_seqs: int
+
+
+def prepare_varlen(cu_seqlens: torch.Tensor, chunk_size: int = CHUNK_SIZE) -> VarlenInfo:
+    """Build the chunk tables for packed sequences.  Syncs with the device once (``.item()``),
+    so call it outside a timed region and pass the result as ``chunk_indices=``."""
+    if chunk_size != CHUNK_SIZE:
+        raise ValueError(f"chunk_size must be {CHUNK_SIZE}")
+    cu = cu_seqlens.to(torch.int64)
+    if cu.dim() != 1 or cu.numel() < 2:
+        raise ValueError("cu_seqlens must be a 1-D tensor [N+1]")
+    lens = cu[1:] - cu[:-1]
+    if bool((lens < 0).any()):
+        raise ValueError("cu_seqlens must be non-decreasing")
+    n_chunks = (lens + chunk_size - 1) // chunk_size
+    offsets = torch.zeros_like(cu)
+    offsets[1:] = torch.cumsum(n_chunks, 0)
+    total = int(offsets[-1].item())
+    seq_ids = torch.repeat_interleave(torch.arange(len(lens), device=cu.device), n_chunks)
+    within = torch.arange(total, device=cu.device) - offsets[seq_ids]
+    table = torch.stack([seq_ids, within], 1).to(torch.int32).contiguous()
+    return VarlenInfo(cu.contiguous(), table, offsets.to(torch.int32), total, len(lens))
+
+
+def _chunk_grid(B: int, T: int, varlen: VarlenInfo | None) -> tuple[int, int]:
+    """(chunks per grid row, NT) where NT is the per-sequence chunk count of the dense layout."""
+    NT = triton.cdiv(T, CHUNK_SIZE)
+    return (varlen.num_chunks if varlen is not None else NT), NT
+
+
+def _varlen_args(varlen: VarlenInfo | None):
+    return (None, None) if varlen is None else (varlen.cu_seqlens, varlen.chunk_indices)
+
+
+# ----------------------------------------------------------------------------- l2norm
+def l2norm(x: torch.Tensor, config: L2NormConfig | None = None) -> torch.Tensor:
+    """x / sqrt(sum(x^2, -1) + 1e-6) in fp32, cast back to x's dtype (Triton kernel).
+
+    Rows with max|x| > 2**50 are normalized on a pre-scaled copy, so they come
+    out normalized instead of 0 or NaN; for all other rows this is the plain formula."""
+    cfg = config or DEFAULT_CONFIG.l2norm
+    D = x.shape[-1]
+    xc = x.contiguous()
+    y = torch.empty_like(xc)
+    M = xc.numel() // D if D else 0
+    if M == 0:
+        return y
+    _launch(l2norm_kernel, (triton.cdiv(M, cfg.BR),), cfg, xc, y, M, D=D, DP=triton.next_power_of_2(D), BR=cfg.BR)
+    return y
+
+
+# ----------------------------------------------------------------------------- stages
+def gram_solve(k, g, beta, *, varlen=None, fuse_k=False, config: GDNConfig = DEFAULT_CONFIG):
+    """Stage 1: (g_cs [B,T,HV] fp32 = cumsum(g)*log2 e per chunk, A [B,T,HV,64] in k's dtype,
+    rstd_k [B,T,H] fp32 or None)."""
+    B, T, H, K = k.shape
+    HV = beta.shape[2]
+    n_grid, NT = _chunk_grid(B, T, varlen)
+    g_cs = torch.empty(B, T, HV, device=k.device, dtype=torch.float32)
+    A = torch.empty(B, T, HV, CHUNK_SIZE, device=k.device, dtype=k.dtype)
+    rstd_k = torch.empty(B, T, H, device=k.device, dtype=torch.float32) if fuse_k else None
+    cfg = config.gram
+    _launch(gram_solve_kernel, (n_grid, B * HV), cfg,
+            k, g, beta, g_cs, A, rstd_k, *_varlen_args(varlen), T, NT,
+            H=H, HV=HV, K=K, BK=block(cfg.BK, K), BT=CHUNK_SIZE, BC=SUB_CHUNK,
+            IS_VARLEN=varlen is not None, FUSE_K=fuse_k, PREC=_precision(k.dtype))
+    return g_cs, A, rstd_k
+
+
+def recompute_wu(k, v, beta, A, g_cs, *, rstd_k=None, varlen=None, config: GDNConfig = DEFAULT_CONFIG):
+    """Stage 2: w [B,T,HV,K] (k's dtype), u [B,T,HV,V] (v's dtype)."""
+    B, T, H, K = k.shape
+    HV, V = v.shape[2], v.shape[3]
+    n_grid, NT = _chunk_grid(B, T, varlen)
+    w = torch.empty(B, T, HV, K, device=k.device, dtype=k.dtype)
+    u = torch.empty_like(v)
+    cfg = config.wu
+    _launch(wu_kernel, (n_grid, B * HV), cfg,
+            k, v, beta, g_cs, A, rstd_k, w, u, *_varlen_args(varlen), T, NT,
+            H=H, HV=HV, K=K, V=V, BK=block(cfg.BK, K), BV=block(cfg.BV, V), BT=CHUNK_SIZE,
+            IS_VARLEN=varlen is not None, FUSE_K=rstd_k is not None, PREC=_precision(k.dtype))
+    return w, u
+
+
+def state_recurrence(k, w, u, g_cs, *, rstd_k=None, initial_state=None, output_final_state=False,
+                     varlen=None, config: GDNConfig = DEFAULT_CONFIG):
+    """Stage 3: (h [num_chunks, HV, K, V] in k's dtype, v_new like u, final_state [N,HV,K,V] fp32 or None)."""
+    B, T, H, K = k.shape
+    HV, V = u.shape[2], u.shape[3]
+    N = varlen.num_seqs if varlen is not None else B
+    n_chunks = varlen.num_chunks if varlen is not None else B * triton.cdiv(T, CHUNK_SIZE)
+    h = torch.empty(n_chunks, HV, K, V, device=k.device, dtype=k.dtype)
+    v_new = torch.empty_like(u)
+    ht = torch.empty(N, HV, K, V, device=k.device, dtype=torch.float32) if output_final_state else None
+    cfg = config.state
+    BV = block(cfg.BV, V)
+    _launch(state_kernel, (triton.cdiv(V, BV), N * HV), cfg,
+            k, w, u, g_cs, rstd_k, h, v_new, initial_state, ht,
+            None if varlen is None else varlen.cu_seqlens, None if varlen is None else varlen.chunk_offsets, T,
+            H=H, HV=HV, K=K, V=V, BV=BV, BT=CHUNK_SIZE,
+            IS_VARLEN=varlen is not None, FUSE_K=rstd_k is not None,
+            USE_H0=initial_state is not None, STORE_HT=output_final_state, PREC=_precision(k.dtype))
+    return h, v_new, ht
+
+
+def chunk_output(q, k, v_new, h, g_cs, *, scale, rstd_k=None, fuse_q=False, varlen=None,
+                 config: GDNConfig = DEFAULT_CONFIG):
+    """Stage 4: o [B,T,HV,V] in v_new's dtype."""
+    B, T, H, K = q.shape
+    HV, V = v_new.shape[2], v_new.shape[3]
+    n_grid, NT = _chunk_grid(B, T, varlen)
+    o = torch.empty_like(v_new)
+    cfg = config.output
+    BV = block(cfg.BV, V)
+    _launch(output_kernel, (triton.cdiv(V, BV), n_grid, B * HV), cfg,
+            q, k, v_new, h, g_cs, rstd_k, o, *_varlen_args(varlen), float(scale), T, NT,
+            H=H, HV=HV, K=K, V=V, BK=block(cfg.BK, K), BV=BV, BT=CHUNK_SIZE,
+            IS_VARLEN=varlen is not None, FUSE_Q=fuse_q, FUSE_K=rstd_k is not None, PREC=_precision(q.dtype))
+    return o
+
+
+# ----------------------------------------------------------------------------- entry point
+def _check_inputs(q, k, v, g, beta, initial_state, cu_seqlens, norm):
+    if norm not in NORM_MODES:
+        raise ValueError(f"norm must be one of {NORM_MODES}, got {norm!r}")
+    if q.dim() != 4 or k.shape != q.shape:
+        raise ValueError(f"q and k must both be [B,T,H,K], got {tuple(q.shape)} and {tuple(k.shape)}")
+    B, T, H, K = q.shape
+    if v.dim() != 4 or v.shape[:2] != (B, T):
+        raise ValueError(f"v must be [B,T,HV,V] with B,T={B},{T}, got {tuple(v.shape)}")
+    HV, V = v.shape[2], v.shape[3]
+    if HV % H:
+        raise ValueError(f"HV={HV} must be a multiple of H={H}")
+    if g.shape != (B, T, HV) or beta.shape != (B, T, HV):
+        raise ValueError(f"g and beta must be [B,T,HV]={(B, T, HV)}, got {tuple(g.shape)}, {tuple(beta.shape)}")
+    if not (q.dtype == k.dtype == v.dtype) or q.dtype not in (torch.float16, torch.bfloat16, torch.float32):
+        raise ValueError(f"q, k, v must share one of fp16/bf16/fp32, got {q.dtype}, {k.dtype}, {v.dtype}")
+    if cu_seqlens is not None and B != 1:
+        raise ValueError(f"packed varlen input needs B == 1, got B={B}")
+    if initial_state is not None:
+        N = (cu_seqlens.numel() - 1) if cu_seqlens is not None else B
+        if initial_state.shape != (N, HV, K, V):
+            raise ValueError(f"initial_state must be {(N, HV, K, V)}, got {tuple(initial_state.shape)}")
+    if norm.startswith("fused"):
+        tensors = (q, k, v, g, beta, initial_state)
+        if torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in tensors):
+            raise ValueError(f"norm={norm!r} is forward-only: inputs must not require grad "
+                             "(use norm='flag' under torch.no_grad(), or detach)")
+        if torch.compiler.is_compiling():
+            raise ValueError(f"norm={norm!r} is forward-only and not traceable by torch.compile; use norm='flag'")
+
+
+def chunk_gdn(q, k, v, g, beta, *, scale=None, initial_state=None, output_final_state=False,
+              cu_seqlens=None, norm="flag", config: GDNConfig | None = None,
+              chunk_indices: VarlenInfo | None = None):
+    """Chunked Gated DeltaNet forward.  Returns (o [B,T,HV,V] in v's dtype, final_state or None).
+
+    ``chunk_indices``: a :class:`VarlenInfo` from :func:`prepare_varlen` (built here if omitted)."""
+    _check_inputs(q, k, v, g, beta, initial_state, cu_seqlens, norm)
+    with torch.no_grad():
+        return _forward(q, k, v, g, beta, scale, initial_state, output_final_state, cu_seqlens, norm,
+                        config or DEFAULT_CONFIG, chunk_indices)
+
+
+def _forward(q, k, v, g, beta, scale, initial_state, output_final_state, cu_seqlens, norm, config, chunk_indices):
+    K, V = q.shape[-1], v.shape[-1]
+    validate(config, K, V, q.element_size())
+    scale = K**-0.5 if scale is None else scale
+    varlen = None
+    if cu_seqlens is not None:
+        varlen = chunk_indices if chunk_indices is not None else prepare_varlen(cu_seqlens)
+    q, k, v = q.contiguous(), k.contiguous(), v.contiguous()
+    g, beta = g.contiguous(), beta.contiguous()
+    if initial_state is not None:
+        initial_state = initial_state.to(torch.float32).contiguous()
+
+    if norm in ("flag", "fused_q"):
+        k = l2norm(k, config.l2norm)
+    if norm == "flag":
+        q = l2norm(q, config.l2norm)
+    fuse_k, fuse_q = norm == "fused_qk", norm in ("fused_q", "fused_qk")
+
+    g_cs, A, rstd_k = gram_solve(k, g, beta, varlen=varlen, fuse_k=fuse_k, config=config)
+    w, u = recompute_wu(k, v, beta, A, g_cs, rstd_k=rstd_k, varlen=varlen, config=config)
+    h, v_new, final_state = state_recurrence(k, w, u, g_cs, rstd_k=rstd_k, initial_state=initial_state,
+                                             output_final_state=output_final_state, varlen=varlen, config=config)
+    o = chunk_output(q, k, v_new, h, g_cs, scale=scale, rstd_k=rstd_k, fuse_q=fuse_q, varlen=varlen,
+                     config=config)
+    return o, final_state

@@ -1,0 +1,271 @@
+"""Correctness tests of gdnbench.ops.chunk_gdn (our Triton chunked GDN forward) on the CPU.
+
+TRITON_INTERPRET=1 is set at the very top, before triton or gdnbench.ops is
+imported: Triton reads it when kernels are first decorated, and this machine
+has no GPU.  Under the interpreter tl.dot on bf16 operands is unreliable, so
+the tests use fp32 and fp16 storage.  Shapes are small (the interpreter is
+slow); every case is compared with a private fp64 token-by-token recurrence.
+"""
+
+import os
+
+os.environ["TRITON_INTERPRET"] = "1"
+
+import pytest  # noqa: E402
+import torch  # noqa: E402
+import torch.nn.functional as F  # noqa: E402
+
+from gdnbench.ops import (  # noqa: E402
+    GDNConfig,
+    KernelConfig,
+    L2NormConfig,
+    chunk_gdn,
+    l2norm,
+    prepare_varlen,
+    validate,
+)
+
+FUSED = ("fused_q", "fused_qk")
+TOL = {torch.float32: 1e-4, torch.float16: 5e-3}
+
+
+# ----------------------------------------------------------------------------- reference
+def _l2n64(x):
+    return x / torch.sqrt((x * x).sum(-1, keepdim=True) + 1e-6)
+
+
+def reference(q, k, v, g, beta, scale=None, initial_state=None, cu_seqlens=None, normalize=True):
+    """fp64 recurrence: S = e^g S; S += k (beta (v - S^T k))^T; o = scale S^T q.  Returns (o, final states)."""
+    q, k, v, g, beta = (x.double() for x in (q, k, v, g, beta))
+    if normalize:
+        q, k = _l2n64(q), _l2n64(k)
+    B, T, H, K = q.shape
+    HV, V = v.shape[2:]
+    scale = K**-0.5 if scale is None else scale
+    head = torch.arange(HV) // (HV // H)
+    if cu_seqlens is None:
+        segs = [(b, 0, T) for b in range(B)]
+    else:
+        cu = cu_seqlens.tolist()
+        segs = [(0, cu[i], cu[i + 1]) for i in range(len(cu) - 1)]
+    o = torch.zeros(B, T, HV, V, dtype=torch.float64)
+    finals = []
+    for n, (b, s, e) in enumerate(segs):
+        S = torch.zeros(HV, K, V, dtype=torch.float64)
+        if initial_state is not None:
+            S = initial_state[n].double().clone()
+        for t in range(s, e):
+            kt, qt = k[b, t, head], q[b, t, head]
+            S = S * torch.exp(g[b, t])[:, None, None]
+            err = v[b, t] - torch.einsum("hk,hkv->hv", kt, S)
+            S = S + torch.einsum("hk,hv->hkv", kt, beta[b, t][:, None] * err)
+            o[b, t] = scale * torch.einsum("hk,hkv->hv", qt, S)
+        finals.append(S)
+    return o, torch.stack(finals)
+
+
+def rel_rms(x, ref):
+    ref = ref.double()
+    return ((x.double() - ref).pow(2).mean().sqrt() / ref.pow(2).mean().sqrt().clamp_min(1e-30)).item()
+
+
+def make_inputs(B, T, H, HV, K, V, dtype, n_seqs=None, h0=False, seed=0):
+    gen = torch.Generator().manual_seed(seed)
+    q = torch.randn(B, T, H, K, generator=gen)
+    k = torch.randn(B, T, H, K, generator=gen)
+    v = torch.randn(B, T, HV, V, generator=gen)
+    g = F.logsigmoid(torch.randn(B, T, HV, generator=gen) + 2.0)
+    beta = torch.rand(B, T, HV, generator=gen)
+    N = n_seqs or B
+    s0 = torch.randn(N, HV, K, V, generator=gen) if h0 else None
+    return q.to(dtype), k.to(dtype), v.to(dtype), g, beta, s0
+
+
+def check(norm, dtype, q, k, v, g, beta, s0=None, cu=None, config=None, **kw):
+    o, fs = chunk_gdn(q, k, v, g, beta, initial_state=s0, output_final_state=True, cu_seqlens=cu,
+                      norm=norm, config=config, **kw)
+    if norm == "none":
+        q, k = l2norm(q), l2norm(k)  # the "none" route is fed normalized inputs
+    ro, rf = reference(q, k, v, g, beta, initial_state=s0, cu_seqlens=cu, normalize=norm != "none")
+    assert o.dtype == v.dtype and o.shape == v.shape
+    assert fs.dtype == torch.float32 and fs.shape == rf.shape
+    assert rel_rms(o, ro) < TOL[dtype], rel_rms(o, ro)
+    assert rel_rms(fs, rf) < TOL[dtype], rel_rms(fs, rf)
+    return o, fs
+
+
+# ----------------------------------------------------------------------------- routes vs fp64
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+@pytest.mark.parametrize("norm", ["none", "flag", "fused_q", "fused_qk"])
+def test_packed_varlen_gva2_unequal_kv(norm, dtype):
+    """Packed sequences (tails < 64, an empty one, one > 64) with initial and final states, GVA 2, K != V."""
+    cu = torch.tensor([0, 37, 37, 101, 131], dtype=torch.int64)
+    q, k, v, g, beta, s0 = make_inputs(1, 131, 2, 4, 32, 48, dtype, n_seqs=4, h0=True)
+    if norm == "none":
+        q, k = l2norm(q), l2norm(k)
+    check(norm, dtype, q, k, v, g, beta, s0, cu)
+
+
+@pytest.mark.parametrize("norm", ["flag", "fused_qk"])
+def test_dense_batch_gva3(norm):
+    """B=2, T=130 (tail of 2 tokens), GVA ratio 3, no initial state."""
+    q, k, v, g, beta, _ = make_inputs(2, 130, 1, 3, 64, 32, torch.float32)
+    check(norm, torch.float32, q, k, v, g, beta)
+
+
+def test_large_k_small_tiles():
+    """K=256 (four 64-row state pieces), V=32, small blocks so every K/V loop runs several tiles."""
+    cfg = GDNConfig(gram=KernelConfig(BK=32), wu=KernelConfig(BK=64, BV=16),
+                    state=KernelConfig(BV=16), output=KernelConfig(BK=32, BV=16))
+    q, k, v, g, beta, s0 = make_inputs(1, 70, 1, 2, 256, 32, torch.float32, h0=True)
+    check("fused_qk", torch.float32, q, k, v, g, beta, s0, config=cfg)
+
+
+def test_k96_v16_fp16():
+    """K=96 (a partly masked second state piece), V=16, fp16, fused q."""
+    q, k, v, g, beta, s0 = make_inputs(1, 80, 2, 2, 96, 16, torch.float16, h0=True)
+    check("fused_q", torch.float16, q, k, v, g, beta, s0)
+
+
+def test_precomputed_varlen_and_maxnreg_config():
+    """prepare_varlen output passed in gives the same result; maxnreg in a config is accepted."""
+    cu = torch.tensor([0, 20, 90], dtype=torch.int64)
+    info = prepare_varlen(cu)
+    assert info.num_chunks == 3 and info.chunk_indices.tolist() == [[0, 0], [1, 0], [1, 1]]
+    assert info.chunk_offsets.tolist() == [0, 1, 3]
+    q, k, v, g, beta, s0 = make_inputs(1, 90, 1, 1, 16, 16, torch.float32, n_seqs=2, h0=True)
+    cfg = GDNConfig(state=KernelConfig(BV=16, maxnreg=128))
+    o1, f1 = check("flag", torch.float32, q, k, v, g, beta, s0, cu, config=cfg, chunk_indices=info)
+    o2, f2 = chunk_gdn(q, k, v, g, beta, initial_state=s0, output_final_state=True, cu_seqlens=cu)
+    assert torch.equal(o1, o2) and torch.equal(f1, f2)
+
+
+def test_no_final_state():
+    q, k, v, g, beta, _ = make_inputs(1, 20, 1, 1, 16, 32, torch.float32)
+    o, fs = chunk_gdn(q, k, v, g, beta)
+    assert fs is None
+    assert rel_rms(o, reference(q, k, v, g, beta)[0]) < 1e-4
+
+
+# ----------------------------------------------------------------------------- fused-norm semantics
+def _outputs(norms, q, k, v, g, beta):
+    return {n: chunk_gdn(q, k, v, g, beta, norm=n, output_final_state=True) for n in norms}
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+def test_zero_rows(dtype):
+    """All-zero q rows give zero output rows; all-zero k rows act as no-op tokens; fused == explicit."""
+    q, k, v, g, beta, _ = make_inputs(1, 70, 1, 2, 32, 16, dtype)
+    q[0, [3, 40, 69]] = 0
+    k[0, [5, 40, 64]] = 0
+    outs = _outputs(("flag",) + FUSED, q, k, v, g, beta)
+    ro, rf = reference(q, k, v, g, beta)
+    for norm, (o, fs) in outs.items():
+        assert torch.isfinite(o).all() and torch.isfinite(fs).all(), norm
+        assert (o[0, [3, 40, 69]] == 0).all(), norm
+        assert rel_rms(o, ro) < TOL[dtype] and rel_rms(fs, rf) < TOL[dtype], norm
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+def test_row_scales_invariant(dtype):
+    """Per-row scales 1e-3..1e3 on q (and k) leave fused outputs equal to the explicit route."""
+    q, k, v, g, beta, _ = make_inputs(1, 70, 2, 2, 32, 32, dtype, seed=1)
+    gen = torch.Generator().manual_seed(2)
+    sq = 10 ** (torch.rand(1, 70, 2, 1, generator=gen) * 6 - 3)
+    sk = 10 ** (torch.rand(1, 70, 2, 1, generator=gen) * 6 - 3)
+    qs, ks = (q.float() * sq).to(dtype), (k.float() * sk).to(dtype)
+    outs = _outputs(("flag",) + FUSED, qs, ks, v, g, beta)
+    o_ref, f_ref = outs["flag"]
+    for norm in FUSED:
+        o, fs = outs[norm]
+        assert rel_rms(o, o_ref) < TOL[dtype], (norm, rel_rms(o, o_ref))
+        assert rel_rms(fs, f_ref) < TOL[dtype], (norm, rel_rms(fs, f_ref))
+    ro, _ = reference(qs, ks, v, g, beta)
+    assert rel_rms(o_ref, ro) < TOL[dtype]
+
+
+@pytest.mark.filterwarnings("ignore:overflow encountered")
+def test_huge_rows_finite():
+    """fp32 rows of magnitude 1e30 (squares overflow fp32) stay finite and normalized on every route."""
+    q, k, v, g, beta, _ = make_inputs(1, 70, 1, 1, 32, 16, torch.float32, seed=3)
+    q[0, [2, 66]] *= 1e30
+    k[0, [7, 66]] *= 1e30
+    outs = _outputs(("flag",) + FUSED, q, k, v, g, beta)
+    ro, rf = reference(q, k, v, g, beta)
+    for norm, (o, fs) in outs.items():
+        assert torch.isfinite(o).all() and torch.isfinite(fs).all(), norm
+        assert rel_rms(o, ro) < 1e-4 and rel_rms(fs, rf) < 1e-4, norm
+
+
+@pytest.mark.filterwarnings("ignore:overflow encountered")
+def test_l2norm_kernel():
+    gen = torch.Generator().manual_seed(4)
+    x = torch.randn(5, 3, 48, generator=gen)
+    x[0, 0] = 0
+    x[0, 1] *= 1e-4  # eps inside the sqrt matters here (F.normalize would differ)
+    x[0, 2] *= 1e30
+    y = l2norm(x, L2NormConfig(BR=4))
+    ref = _l2n64(x.double())
+    ref[0, 2] = F.normalize(x[0, 2].double(), dim=-1)
+    assert torch.allclose(y.double(), ref, rtol=1e-5, atol=1e-7)
+    assert (y[0, 0] == 0).all()
+    yh = l2norm(x[1:].half())
+    assert yh.dtype == torch.float16
+    assert torch.allclose(yh.double(), _l2n64(x[1:].half().double()), rtol=2e-3, atol=1e-3)
+
+
+# ----------------------------------------------------------------------------- rejections
+@pytest.mark.parametrize("norm", FUSED)
+def test_fused_rejects_grad(norm):
+    q, k, v, g, beta, _ = make_inputs(1, 8, 1, 1, 16, 16, torch.float32)
+    with pytest.raises(ValueError, match="forward-only"):
+        chunk_gdn(q.requires_grad_(), k, v, g, beta, norm=norm)
+    with pytest.raises(ValueError, match="forward-only"):
+        chunk_gdn(q.detach(), k, v, g, beta.requires_grad_(), norm=norm)
+
+
+@pytest.mark.parametrize("norm", FUSED)
+def test_fused_rejects_compile(norm, monkeypatch):
+    monkeypatch.setattr(torch.compiler, "is_compiling", lambda: True)
+    q, k, v, g, beta, _ = make_inputs(1, 8, 1, 1, 16, 16, torch.float32)
+    with pytest.raises(ValueError, match="torch.compile"):
+        chunk_gdn(q, k, v, g, beta, norm=norm)
+
+
+def test_bad_arguments():
+    q, k, v, g, beta, _ = make_inputs(2, 8, 1, 1, 16, 16, torch.float32)
+    with pytest.raises(ValueError, match="norm"):
+        chunk_gdn(q, k, v, g, beta, norm="l2")
+    with pytest.raises(ValueError, match="B == 1"):
+        chunk_gdn(q, k, v, g, beta, cu_seqlens=torch.tensor([0, 8]))
+    with pytest.raises(ValueError, match="multiple of 16"):
+        chunk_gdn(q[..., :8], k[..., :8], v, g, beta)
+
+
+@pytest.mark.parametrize("K,V", [(16, 16), (32, 48), (96, 192), (128, 128), (256, 256)])
+def test_validate_accepts_defaults(K, V):
+    validate(GDNConfig(), K, V)
+    validate(GDNConfig(), K, V, dtype_bytes=4)
+
+
+@pytest.mark.parametrize("cfg,K,V,match", [
+    (GDNConfig(), 40, 64, "multiple of 16"),
+    (GDNConfig(), 64, 512, "multiple of 16"),
+    (GDNConfig(gram=KernelConfig(BK=48)), 64, 64, "BK"),
+    (GDNConfig(wu=KernelConfig(BK=64, BV=None)), 64, 64, "BV"),
+    (GDNConfig(state=KernelConfig(BV=32, num_warps=3)), 64, 64, "num_warps"),
+    (GDNConfig(output=KernelConfig(BK=64, BV=64, num_stages=0)), 64, 64, "num_stages"),
+    (GDNConfig(output=KernelConfig(BK=64, BV=64, maxnreg=20)), 64, 64, "maxnreg"),
+    (GDNConfig(output=KernelConfig(BK=256, BV=256, num_stages=4)), 256, 256, "shared memory"),
+    (GDNConfig(l2norm=L2NormConfig(BR=3)), 64, 64, "BR"),
+    (GDNConfig(state=L2NormConfig()), 64, 64, "KernelConfig"),
+])
+def test_validate_rejects(cfg, K, V, match):
+    with pytest.raises(ValueError, match=match):
+        validate(cfg, K, V)
+
+
+def test_chunk_gdn_rejects_bad_config():
+    q, k, v, g, beta, _ = make_inputs(1, 8, 1, 1, 16, 16, torch.float32)
+    with pytest.raises(ValueError, match="BV"):
+        chunk_gdn(q, k, v, g, beta, config=GDNConfig(state=KernelConfig(BV=24)))
