@@ -46,6 +46,7 @@ from .kernels.config import (
     KernelConfig,
     L2NormConfig,
     block,
+    default_config,
     validate,
 )
 from .kernels.intra import gram_solve_kernel, wu_kernel
@@ -60,6 +61,7 @@ __all__ = [
     "VarlenInfo",
     "chunk_gdn",
     "chunk_output",
+    "default_config",
     "gram_solve",
     "l2norm",
     "prepare_varlen",
@@ -214,7 +216,7 @@ def chunk_output(q, k, v_new, h, g_cs, *, scale, rstd_k=None, fuse_q=False, varl
     HV, V = v_new.shape[2], v_new.shape[3]
     n_grid, NT = _chunk_grid(B, T, varlen)
     o = torch.empty_like(v_new)
-    cfg = config.output
+    cfg = config.output_fused if fuse_q else config.output
     BV = block(cfg.BV, V)
     _launch(output_kernel, (triton.cdiv(V, BV), n_grid, B * HV), cfg,
             q, k, v_new, h, g_cs, rstd_k, o, *_varlen_args(varlen), float(scale), T, NT,
@@ -262,8 +264,9 @@ def chunk_gdn(q, k, v, g, beta, *, scale=None, initial_state=None, output_final_
     ``chunk_indices``: a :class:`VarlenInfo` from :func:`prepare_varlen` (built here if omitted)."""
     _check_inputs(q, k, v, g, beta, initial_state, cu_seqlens, norm)
     with torch.no_grad():
+        config = config or default_config(q.shape[-1], v.shape[-1], q.element_size())
         return _forward(q, k, v, g, beta, scale, initial_state, output_final_state, cu_seqlens, norm,
-                        config or DEFAULT_CONFIG, chunk_indices)
+                        config, chunk_indices)
 
 
 def _forward(q, k, v, g, beta, scale, initial_state, output_final_state, cu_seqlens, norm, config, chunk_indices):
