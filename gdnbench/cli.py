@@ -200,12 +200,13 @@ def compare(
     a: Path = typer.Argument(..., help="Results file A (the base)."),
     b: Path = typer.Argument(..., help="Results file B."),
     markdown: Optional[Path] = typer.Option(None, help="Also write the table as markdown."),
+    backends: Optional[list[str]] = typer.Option(None, "--backends", "-b", help="Only these backends."),
 ):
     """Match rows of two runs of the same shape set; per-row and geomean B/A ratios."""
     from . import results
 
     try:
-        tables = rep.compare(results.load(a), results.load(b))
+        tables = rep.compare(results.load(a), results.load(b), backends=_split(backends) or None)
     except _domain_errors() as e:
         _fail(str(e))
     _print_tables(tables)

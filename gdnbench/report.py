@@ -245,15 +245,23 @@ def report_tables(doc: dict, baseline: str | None = None, pairs: list[str] | Non
     return tables
 
 
-def compare(a: dict, b: dict, mode: str = "fwd") -> list[Table]:
+def compare(a: dict, b: dict, mode: str = "fwd", backends: list[str] | None = None) -> list[Table]:
+    """Per-row and geomean B/A time ratios of two runs of the same shape set.
+
+    Rows skipped in both runs are left out; every other row without a time on both sides is
+    listed as excluded. `backends` restricts the comparison (e.g. to a backend whose code
+    did not change between the runs)."""
     ha, hb = a["shape_set"]["hash"], b["shape_set"]["hash"]
     if ha != hb:
         raise CompareError(f"shape sets differ: {a['shape_set']['name']} v{a['shape_set']['version']} ({ha[:19]}) vs "
                            f"{b['shape_set']['name']} v{b['shape_set']['version']} ({hb[:19]})")
     ia, ib = index_rows(a, mode), index_rows(b, mode)
+    keys = [k for k in ia if k in ib] + [k for k in ib if k not in ia] + [k for k in ia if k not in ib]
+    keys = [k for k in dict.fromkeys(keys) if not backends or k[1] in backends]
+    keys = [k for k in keys if any(r is not None and r["status"] != "skipped" for r in (ia.get(k), ib.get(k)))]
     rows, notes = [], []
     logs = {k: [] for k in TIME_KINDS}
-    for key in [k for k in ia if k in ib] + [k for k in ib if k not in ia]:
+    for key in keys:
         ra, rb = ia.get(key), ib.get(key)
         line = [key[0], f"{key[1]}:{key[2]}"]
         for kind in TIME_KINDS:
@@ -263,15 +271,15 @@ def compare(a: dict, b: dict, mode: str = "fwd") -> list[Table]:
                 line += [_fmt_us(ta), _fmt_us(tb), f"{tb / ta:.3f}"]
             else:
                 line += [_fmt_us(ta), _fmt_us(tb), "-"]
-        if ra is None or rb is None or median(ra, "wall") is None or median(rb, "wall") is None:
+        if median(ra, "wall") is None or median(rb, "wall") is None:
             notes.append(f"excluded {key[0]} {key[1]}:{key[2]}: A {ra['status'] if ra else 'missing'}, "
                          f"B {rb['status'] if rb else 'missing'}")
         rows.append(line)
-    total = len(set(ia) | set(ib))
-    for kind in TIME_KINDS:
+    for kind in reversed(TIME_KINDS):
         n = len(logs[kind])
         gm = f"{math.exp(sum(logs[kind]) / n):.3f}" if n else "n/a"
-        notes.insert(0, f"geomean B/A [{kind}]: {gm} over {n}/{total} rows")
+        spread = f", per-row range {math.exp(min(logs[kind])):.3f}..{math.exp(max(logs[kind])):.3f}" if n else ""
+        notes.insert(0, f"geomean B/A [{kind}]: {gm} over {n}/{len(keys)} rows{spread}")
     headers = ["shape", "backend:route", "A wall", "B wall", "B/A wall", "A gpu", "B gpu", "B/A gpu"]
     return [Table("compare B/A (median µs)", headers, rows, notes)]
 
