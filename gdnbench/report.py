@@ -60,13 +60,20 @@ def shape_ids(doc: dict) -> list[str]:
     return ids + sorted(have - set(ids))
 
 
+BACKEND_ORDER = ("fla", "gdnbench", "helion", "flashinfer", "reference")
+ROUTE_ORDER = ("explicit", "flag", "fused_q", "fused_qk")
+
+
 def keys_present(doc: dict) -> list[tuple[str, str]]:
-    seen: list[tuple[str, str]] = []
-    for r in doc["rows"]:
-        k = (r["backend"], r["route"])
-        if k not in seen:
-            seen.append(k)
-    return seen
+    """(backend, route) pairs of the rows, in a stable order: known backends and routes first."""
+    seen = dict.fromkeys((r["backend"], r["route"]) for r in doc["rows"])
+
+    def rank(key):
+        b, r = key
+        return (BACKEND_ORDER.index(b) if b in BACKEND_ORDER else len(BACKEND_ORDER), b,
+                ROUTE_ORDER.index(r) if r in ROUTE_ORDER else len(ROUTE_ORDER), r)
+
+    return sorted(seen, key=rank)
 
 
 def _side(idx, shape: str, spec: str, kind: str) -> tuple[float | None, str]:
