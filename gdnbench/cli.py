@@ -7,6 +7,7 @@ module load, so `gdnbench --help` is instant.
 from __future__ import annotations
 
 import sys
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Optional
 
@@ -44,6 +45,15 @@ def _domain_errors():
     return (shp.ShapeError, ResultsError, rep.CompareError, UnknownBackend, UsageError)
 
 
+@contextmanager
+def _bad_input_exits():
+    """A domain error (bad file, field, value or argument) becomes one line and exit code 2."""
+    try:
+        yield
+    except _domain_errors() as e:
+        _fail(str(e))
+
+
 def _split(values: Optional[list[str]]) -> list[str]:
     out: list[str] = []
     for v in values or []:
@@ -76,11 +86,9 @@ def run(
     worker_timeout: float = typer.Option(1800, help="Seconds before a shape's worker is killed."),
 ):
     """Check, then time, each backend x route on each shape of the sets; write results and print the report."""
-    try:
+    with _bad_input_exits():
         _run(shapes, backends, routes, shape_ids, mode, device, out, l2, warmup, rounds, iters, check_tokens,
              isolate, plot_chart, worker_timeout)
-    except _domain_errors() as e:
-        _fail(str(e))
 
 
 def _resolve_device(device: str) -> str:
@@ -147,7 +155,8 @@ def _run(shapes, backends, routes, shape_ids, mode, device, out, l2, warmup, rou
 
             console.print(f"[green]chart[/green] {plot(doc, Path(written).with_suffix('.png'))}")
         if interrupted:
-            _fail("interrupted: the rows measured so far were written", 130)
+            _fail(f"{interrupted}; the {len(rows)} rows measured so far were written to {written}",
+                  130 if interrupted == "interrupted" else 1)
 
 
 def _run_with_progress(ss, total: int, go):
@@ -169,8 +178,10 @@ def _run_with_progress(ss, total: int, go):
         try:
             go(on_row, on_shape)
         except KeyboardInterrupt:
-            return collected, True
-    return collected, False
+            return collected, "interrupted"
+        except Exception as e:  # the rows measured so far are still written by the caller
+            return collected, f"stopped by {type(e).__name__}: {e}".splitlines()[0]
+    return collected, None
 
 
 @app.command()
@@ -183,12 +194,10 @@ def report(
     """Tables per shape, ratios to a baseline, geomean ratios with counts and exclusions."""
     from . import results
 
-    try:
+    with _bad_input_exits():
         doc = results.load(file)
         pairs = rep.standard_pairs(doc) + _split(pair) if pair else None
         tables = rep.report_tables(doc, baseline, pairs)
-    except _domain_errors() as e:
-        _fail(str(e))
     _print_tables(tables)
     if markdown:
         markdown.write_text(rep.to_markdown(tables))
@@ -205,10 +214,8 @@ def compare(
     """Match rows of two runs of the same shape set; per-row and geomean B/A ratios."""
     from . import results
 
-    try:
+    with _bad_input_exits():
         tables = rep.compare(results.load(a), results.load(b), backends=_split(backends) or None)
-    except _domain_errors() as e:
-        _fail(str(e))
     _print_tables(tables)
     if markdown:
         markdown.write_text(rep.to_markdown(tables))
@@ -227,10 +234,10 @@ def plot(
 
     if kind not in rep.TIME_KINDS:
         _fail(f"--kind {kind!r}: use gpu or wall")
+    with _bad_input_exits():
+        doc = results.load(file)
     try:
-        path = draw(results.load(file), out, kind, baseline)
-    except _domain_errors() as e:
-        _fail(str(e))
+        path = draw(doc, out, kind, baseline)
     except ValueError as e:  # nothing to plot
         _fail(f"{file}: {e}")
     console.print(f"[green]wrote[/green] {path}")
@@ -243,10 +250,8 @@ def shapes_list():
 
     t = Table("name", "version", "families", "shapes", "hash", "description")
     for name, path in shp.available().items():
-        try:
+        with _bad_input_exits():
             ss = shp.load_file(path)
-        except shp.ShapeError as e:
-            _fail(str(e))
         t.add_row(ss.name, str(ss.version), ",".join(ss.families), str(len(ss.shapes)), ss.hash[:19], ss.description)
     console.print(t)
 
@@ -256,10 +261,8 @@ def shapes_show(name: str = typer.Argument(..., help="Set name or .toml path."))
     """Every shape of a set with its resolved fields."""
     from rich.table import Table
 
-    try:
+    with _bad_input_exits():
         ss = shp.load(name)
-    except shp.ShapeError as e:
-        _fail(str(e))
     t = Table("id", "family", "H", "HV", "K", "V", "lens", "tokens", "dtype", "seed", "gate", "h0", "note",
               title=f"{ss.name} v{ss.version} {ss.hash}")
     for s in ss.shapes:
@@ -275,10 +278,8 @@ def shapes_verify(names: Optional[list[str]] = typer.Argument(None, help="Sets t
     """Recompute each set's canonical hash and compare it with the frozen one and the ledger."""
     ledger = shp.load_ledger()
     problems = []
-    try:
+    with _bad_input_exits():
         sets = [shp.load(n) for n in names] if names else [shp.load_file(p) for p in shp.available().values()]
-    except shp.ShapeError as e:
-        _fail(str(e))
     for ss in sets:
         p = shp.verify(ss, ledger)
         problems += p
@@ -290,10 +291,8 @@ def shapes_verify(names: Optional[list[str]] = typer.Argument(None, help="Sets t
 @shapes_app.command("freeze")
 def shapes_freeze(path: Path = typer.Argument(..., help="A shapes/*.toml file, after bumping its version.")):
     """Write a set's hash into its file and record the version in shapes/frozen.json."""
-    try:
+    with _bad_input_exits():
         h = shp.freeze(path)
-    except shp.ShapeError as e:
-        _fail(str(e))
     console.print(f"froze {path}: {h}")
 
 
