@@ -78,12 +78,19 @@ def _interpreting() -> bool:
     return os.environ.get("TRITON_INTERPRET", "0") == "1"
 
 
+# Called as hook(kernel, compiled) after every launch; the autotuner reads registers and
+# spills (compiled.n_regs / n_spills) this way. Empty outside tuning.
+LAUNCH_HOOKS: list = []
+
+
 def _launch(kernel, grid, cfg, *args, **kwargs):
     """Launch with the config's num_warps/num_stages; maxnreg only on GPU and only when set."""
     opts = {"num_warps": cfg.num_warps, "num_stages": cfg.num_stages}
     if cfg.maxnreg is not None and not _interpreting():
         opts["maxnreg"] = cfg.maxnreg
-    kernel[grid](*args, **kwargs, **opts)
+    compiled = kernel[grid](*args, **kwargs, **opts)
+    for hook in LAUNCH_HOOKS:
+        hook(kernel, compiled)
 
 
 def _precision(dtype: torch.dtype) -> str:

@@ -21,6 +21,7 @@ CHUNK_SIZE = 64  # BT, fixed: the intra-chunk solve is written for 4 sub-blocks 
 SUB_CHUNK = 16  # BC: forward-substitution block of the (I + A)^-1 solve
 MAX_HEAD_DIM = 256
 SMEM_LIMIT_BYTES = 227 * 1024  # Hopper (H100/H200) opt-in shared memory per block
+REGISTERS_PER_SM = 64 * 1024  # 32-bit registers per SM (and per block) on sm_70..sm_100
 
 _BLOCKS = (16, 32, 64, 128, 256)
 _WARPS = (1, 2, 4, 8, 16)
@@ -108,7 +109,8 @@ def validate(config: GDNConfig, K: int, V: int, dtype_bytes: int = 2) -> None:
     """Raise ValueError if ``config`` cannot run head sizes ``K``/``V``.
 
     Checks head sizes (multiples of 16, at most 256), block sizes (powers of two
-    in 16..256 where the kernel has them), warps/stages/maxnreg ranges, and a
+    in 16..256 where the kernel has them), warps/stages/maxnreg ranges, a register
+    cap that the register file can hold for every thread of the block, and a
     rough shared-memory estimate against the Hopper limit.
     """
     if not isinstance(config, GDNConfig):
@@ -135,6 +137,10 @@ def validate(config: GDNConfig, K: int, V: int, dtype_bytes: int = 2) -> None:
             raise ValueError(f"config.{name}.num_stages={c.num_stages} must be in [1, 8]")
         if c.maxnreg is not None and (not 32 <= c.maxnreg <= 255 or c.maxnreg % 8):
             raise ValueError(f"config.{name}.maxnreg={c.maxnreg} must be None or a multiple of 8 in [32, 255]")
+        if c.maxnreg is not None and c.maxnreg * 32 * c.num_warps > REGISTERS_PER_SM:
+            # a block whose threads cannot all hold maxnreg registers cannot launch
+            raise ValueError(f"config.{name}: maxnreg={c.maxnreg} x {32 * c.num_warps} threads exceeds the "
+                             f"register file ({REGISTERS_PER_SM})")
         smem = _smem_estimate(name, c, K, V, dtype_bytes)
         if smem > SMEM_LIMIT_BYTES:
             raise ValueError(f"config.{name} needs ~{smem} B of shared memory (> {SMEM_LIMIT_BYTES})")
