@@ -330,5 +330,10 @@ def env(device: str = typer.Option("auto", help="auto, cuda or cpu.")):
     console.print(bt)
 
 
+from .cli_autotune import register as _register_autotune  # noqa: E402  (keeps its imports lazy)
+
+_register_autotune(app)
+
+
 def main():  # pragma: no cover - entry point
     app()

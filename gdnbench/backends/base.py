@@ -59,5 +59,9 @@ class Backend:
         """What actually runs for this route (recorded in every row)."""
         return self.name
 
+    def config_label(self, shape, route: str, device: str) -> str:
+        """Which launch config runs (recorded in every row as `config`): 'default' unless tuned."""
+        return "default"
+
     def prepare(self, shape, route: str, inputs) -> Callable[[], tuple]:
         raise NotImplementedError

@@ -39,20 +39,34 @@ class GdnbenchBackend(Backend):
         return YES
 
     def variant(self, shape, route):
-        return f"gdnbench.ops.chunk_gdn norm={'none' if route == 'explicit' else route}, default config"
+        return f"gdnbench.ops.chunk_gdn norm={'none' if route == 'explicit' else route} (launch config: row.config)"
+
+    def _config(self, shape, route, device):
+        """(GDNConfig or None for the built-in default, label): the autotune cache's config on CUDA."""
+        if device != "cuda":
+            return None, "default"
+        from ..tuned import device_env, tuned_config
+
+        cfg, label = tuned_config(shape, route, device_env())
+        return (cfg if label != "default" else None), label
+
+    def config_label(self, shape, route, device):
+        return self._config(shape, route, device)[1]
 
     def prepare(self, shape, route, inputs):
         from .. import ops
 
-        kw = dict(scale=inputs.scale, initial_state=inputs.initial_state, output_final_state=True)
+        cfg, _ = self._config(shape, route, "cuda" if inputs.q.is_cuda else "cpu")
+        kw = dict(scale=inputs.scale, initial_state=inputs.initial_state, output_final_state=True, config=cfg)
         if inputs.cu_seqlens is not None:
             kw["cu_seqlens"] = inputs.cu_seqlens
             if hasattr(ops, "prepare_varlen"):
                 kw["chunk_indices"] = ops.prepare_varlen(inputs.cu_seqlens, 64)
         q, k, v, g, beta = inputs.q, inputs.k, inputs.v, inputs.g, inputs.beta
+        norm_cfg = cfg.l2norm if cfg is not None else None
         if route == "explicit":
             def call():
-                return ops.chunk_gdn(ops.l2norm(q), ops.l2norm(k), v, g, beta, norm="none", **kw)
+                return ops.chunk_gdn(ops.l2norm(q, norm_cfg), ops.l2norm(k, norm_cfg), v, g, beta, norm="none", **kw)
         else:
             def call():
                 return ops.chunk_gdn(q, k, v, g, beta, norm=route, **kw)

@@ -1,0 +1,907 @@
+"""Autotune the stage kernels of gdnbench.ops.chunk_gdn: per shape, correctness-gated, cached.
+
+Space. Per kernel: its block sizes (BR for l2norm; BK and/or BV for the others, powers of two
+from 16 up to the head size rounded up to a power of two: larger blocks are clamped by the
+kernel to the same code), num_warps 1..16, num_stages 1..4 (1 for l2norm, which has no loop)
+and maxnreg: None (the compiler's choice) plus caps 64, 72, .., 248 (every multiple of 8 that
+ptxas accepts between 64 and 255). Points that :func:`gdnbench.kernels.config.validate` (the
+same function the defaults pass) rejects - shared memory, block divisibility, register file -
+are pruned before anything runs. The other kernels keep the shape's default config.
+
+Search. A space of at most ``exhaustive_max`` valid points is searched exhaustively. Larger
+ones by coordinate descent: start at the default config; sweep one dimension at a time over all
+its values with the others fixed, moving to the fastest point of the sweep when it beats the
+current best by more than ``min_gain`` (1 %: timing noise must not move the search); repeat
+passes over the dimensions until a pass moves nothing, or the budget (seconds per kernel and
+shape) is spent - checked between sweeps, so one sweep may overrun it.
+
+Candidate. Run in a worker subprocess (one per shape and rank, restarted when it dies, so an
+illegal memory access or a hang costs one candidate, recorded as ``crashed`` / ``timeout``):
+compiled and gated on the whole ``chunk_gdn`` forward of the kernel's route under the candidate
+config, against the fp64 recurrence with gdnbench.check's data-derived budget (the rel-RMS error
+against the default config's output is recorded too); then the stage kernel alone is timed by
+gdnbench.timing: CUDA-graph replay of one stage call on the full input (stage inputs precomputed
+with the default config), median over rounds. Every candidate yields a result with a status
+(ok, incorrect, compile_error, error, crashed, timeout) and a reason; none is dropped.
+
+Scale-out. Under torchrun every rank runs the same search in lockstep; each batch of points is
+split round-robin by index (:func:`shard`), each rank evaluates its share on its own GPU, and
+the results are all-gathered, so every rank takes the same next step; rank 0 writes the cache.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import itertools
+import json
+import math
+import os
+import select
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import traceback
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable
+
+from . import tuned
+
+KERNELS = tuned.KERNELS
+ROUTES = ("explicit", "flag", "fused_q", "fused_qk")
+MAXNREG_CAPS = tuple(range(64, 256, 8))  # 64, 72, ..., 248
+MAXNREG_VALUES = (None,) + MAXNREG_CAPS
+WARPS = (1, 2, 4, 8, 16)
+STAGES = (1, 2, 3, 4)
+BR_VALUES = (1, 2, 4, 8, 16, 32, 64)
+BLOCKS = (16, 32, 64, 128, 256)
+EXHAUSTIVE_MAX = 256
+MIN_GAIN = 0.01
+DEFAULT_BUDGET_S = 300.0
+MAX_ROUNDS = 10
+KERNEL_FUNCTIONS = {"l2norm": "l2norm_kernel", "gram": "gram_solve_kernel", "wu": "wu_kernel",
+                    "state": "state_kernel", "output": "output_kernel", "output_fused": "output_kernel"}
+OK_STATUSES = ("ok",)
+
+Point = dict  # dimension name -> value, in the space's dimension order
+Evaluate = Callable[[list], tuple]  # points -> (results, seconds spent)
+
+
+# ----------------------------------------------------------------------------- space
+def dtype_bytes(dtype: str) -> int:
+    return 4 if dtype == "float32" else 2
+
+
+def _blocks_for(dim: int) -> tuple[int, ...]:
+    """Block sizes that give distinct code for a head dimension (larger ones are clamped)."""
+    top = 1 << max(dim - 1, 0).bit_length()
+    return tuple(b for b in BLOCKS if b <= max(top, BLOCKS[0]))
+
+
+def dimensions(kernel: str, K: int, V: int) -> list[tuple[str, tuple]]:
+    """The tuned dimensions of a kernel and their values, in coordinate-descent order."""
+    tail = [("num_warps", WARPS), ("num_stages", (1,) if kernel == "l2norm" else STAGES),
+            ("maxnreg", MAXNREG_VALUES)]
+    if kernel == "l2norm":
+        return [("BR", BR_VALUES)] + tail
+    blocks = {"gram": ("BK",), "wu": ("BK", "BV"), "state": ("BV",), "output": ("BK", "BV"),
+              "output_fused": ("BK", "BV")}[kernel]
+    return [(b, _blocks_for(K if b == "BK" else V)) for b in blocks] + tail
+
+
+def point_key(point: Point) -> tuple:
+    return tuple(point.items())
+
+
+@dataclass
+class Space:
+    """A kernel's search space for one shape: its dimensions, the start point, the validity test."""
+
+    kernel: str
+    dims: list[tuple[str, tuple]]
+    start: Point
+    is_valid: Callable[[Point], bool]
+
+    def points(self):
+        names = [d for d, _ in self.dims]
+        for values in itertools.product(*(v for _, v in self.dims)):
+            yield dict(zip(names, values))
+
+    @property
+    def total(self) -> int:
+        return math.prod(len(v) for _, v in self.dims)
+
+    def valid_points(self) -> list[Point]:
+        return [p for p in self.points() if self.is_valid(p)]
+
+    def pass_size(self) -> int:
+        """Points one coordinate-descent pass visits at most."""
+        return 1 + sum(len(v) - 1 for _, v in self.dims)
+
+
+def full_config(kernel: str, point: Point, base):
+    """``base`` (a GDNConfig) with ``kernel``'s config replaced by the point's."""
+    return dataclasses.replace(base, **{kernel: tuned.kernel_config(kernel, point)})
+
+
+def _start_point(kernel: str, base, dims, K: int, V: int) -> Point:
+    """The base config of the kernel as a point, blocks clamped as the kernel clamps them."""
+    from .kernels.config import block
+
+    c = getattr(base, kernel)
+    out = {}
+    for name, _ in dims:
+        v = getattr(c, name)
+        if name in ("BK", "BV"):
+            v = block(v, K if name == "BK" else V)
+        out[name] = v
+    return out
+
+
+def build_space(kernel: str, K: int, V: int, dtype: str) -> Space:
+    """The space of ``kernel`` for head sizes K, V and a storage dtype, pruned by validate()."""
+    from .kernels.config import default_config, validate
+
+    elt = dtype_bytes(dtype)
+    base = default_config(K, V, elt)
+    dims = dimensions(kernel, K, V)
+
+    def is_valid(point: Point) -> bool:
+        try:
+            validate(full_config(kernel, point, base), K, V, elt)
+        except (ValueError, TypeError):
+            return False
+        return True
+
+    return Space(kernel, dims, _start_point(kernel, base, dims, K, V), is_valid)
+
+
+@functools.lru_cache(maxsize=None)
+def count_valid(kernel: str, K: int, V: int, dtype: str) -> int:
+    return len(build_space(kernel, K, V, dtype).valid_points())
+
+
+# ----------------------------------------------------------------------------- search
+@dataclass
+class SearchResult:
+    strategy: str  # exhaustive | coordinate_descent
+    stopped: str  # done | converged | budget | max_rounds
+    results: list[dict] = field(default_factory=list)  # every evaluated candidate, in order
+    default: dict | None = None
+    best: dict | None = None
+    spent_s: float = 0.0
+    rounds: int = 0
+    pruned: int = 0  # distinct points met during the search that validate() rejected
+
+
+def is_ok(result: dict | None) -> bool:
+    return bool(result) and result.get("status") in OK_STATUSES and result.get("time_us") is not None
+
+
+class _Run:
+    """Evaluates points once each, counts pruned ones and the time spent (shared by the strategies)."""
+
+    def __init__(self, space: Space, evaluate: Evaluate, out: SearchResult, on_result):
+        self.space, self.evaluate, self.out, self.on_result = space, evaluate, out, on_result
+        self.seen: dict[tuple, dict] = {}
+        self.invalid: set[tuple] = set()
+
+    def __call__(self, points: list[Point]) -> None:
+        todo, keys = [], set()
+        for p in points:
+            k = point_key(p)
+            if k in self.seen or k in keys or k in self.invalid:
+                continue
+            if not self.space.is_valid(p):
+                self.invalid.add(k)
+                self.out.pruned += 1
+                continue
+            keys.add(k)
+            todo.append(p)
+        if not todo:
+            return
+        results, seconds = self.evaluate(todo)
+        self.out.spent_s += seconds
+        for p, r in zip(todo, results):
+            r = {**r, "config": dict(p), "index": len(self.out.results)}
+            self.seen[point_key(p)] = r
+            self.out.results.append(r)
+            if is_ok(r) and (self.out.best is None or r["time_us"] < self.out.best["time_us"]):
+                self.out.best = r
+            if self.on_result:
+                self.on_result(r)
+
+    def get(self, p: Point) -> dict | None:
+        return self.seen.get(point_key(p))
+
+
+def search(space: Space, evaluate: Evaluate, budget_s: float = DEFAULT_BUDGET_S,
+           exhaustive_max: int = EXHAUSTIVE_MAX, min_gain: float = MIN_GAIN, on_result=None,
+           max_rounds: int = MAX_ROUNDS, batch: int = 32) -> SearchResult:
+    """Search ``space`` with ``evaluate``: exhaustive when small, else coordinate descent."""
+    valid = space.valid_points()
+    if len(valid) <= exhaustive_max:
+        out = SearchResult("exhaustive", "done")
+        run = _Run(space, evaluate, out, on_result)
+        ordered = [space.start] + [p for p in valid if p != space.start]
+        for i in range(0, len(ordered), batch):
+            if i and out.spent_s >= budget_s:
+                out.stopped = "budget"
+                break
+            run(ordered[i:i + batch])
+        out.default = run.get(space.start)
+        out.rounds = 1
+        return out
+    return coordinate_descent(space, evaluate, budget_s, min_gain, on_result, max_rounds)
+
+
+def coordinate_descent(space: Space, evaluate: Evaluate, budget_s: float, min_gain: float = MIN_GAIN,
+                       on_result=None, max_rounds: int = MAX_ROUNDS) -> SearchResult:
+    """Start at the default; per dimension, try all its values with the others fixed and move to
+    the fastest when it beats the best by more than min_gain; repeat until a pass moves nothing."""
+    out = SearchResult("coordinate_descent", "max_rounds")
+    run = _Run(space, evaluate, out, on_result)
+    cur = dict(space.start)
+    run([cur])
+    out.default = run.get(cur)
+    best = out.default if is_ok(out.default) else None
+    for rnd in range(1, max_rounds + 1):
+        out.rounds = rnd
+        moved = False
+        for name, values in space.dims:
+            if out.spent_s >= budget_s:
+                out.stopped = "budget"
+                return out
+            line = [{**cur, name: v} for v in values]
+            run(line)
+            cands = [r for r in map(run.get, line) if is_ok(r)]
+            if not cands:
+                continue
+            top = min(cands, key=lambda r: r["time_us"])
+            if best is None or top["time_us"] < best["time_us"] * (1 - min_gain):
+                best, cur, moved = top, dict(top["config"]), True
+        if not moved:
+            out.stopped = "converged"
+            break
+    return out
+
+
+# ----------------------------------------------------------------------------- evaluators, sharding
+def shard(n: int, rank: int, world: int) -> list[int]:
+    """Indices of a batch of n candidates that ``rank`` of ``world`` evaluates: round-robin."""
+    if world < 1 or not 0 <= rank < world:
+        raise ValueError(f"rank {rank} of world {world}")
+    return list(range(rank, n, world))
+
+
+def _one_line(e: BaseException) -> str:
+    msg = f"{type(e).__name__}: {e}".strip().splitlines()
+    return (msg[0] if msg else type(e).__name__)[:300]
+
+
+def per_candidate(fn: Callable[[Point], dict]) -> Evaluate:
+    """An evaluator calling fn(point) for each point; an exception becomes that candidate's
+    ``error`` result, so one failure never ends the sweep."""
+    def evaluate(points):
+        t0 = time.monotonic()
+        out = []
+        for p in points:
+            try:
+                out.append(fn(p))
+            except Exception as e:
+                out.append({"status": "error", "reason": _one_line(e)})
+        return out, time.monotonic() - t0
+    return evaluate
+
+
+@dataclass
+class Dist:
+    """This process's place among torchrun ranks; all_gather(obj) returns every rank's obj."""
+
+    rank: int = 0
+    world: int = 1
+    local_rank: int = 0
+    all_gather: Callable[[object], list] = lambda obj: [obj]
+
+
+def sharded(local: Evaluate, dist: Dist) -> Evaluate:
+    """Evaluate this rank's share of each batch, gather all shares, return them in batch order.
+    The time spent is the slowest rank's, so every rank sees the same budget use."""
+    def evaluate(points):
+        mine = [points[i] for i in shard(len(points), dist.rank, dist.world)]
+        results, seconds = local(mine) if mine else ([], 0.0)
+        gathered = dist.all_gather((results, seconds))
+        merged: list = [None] * len(points)
+        for r, (res_r, _) in enumerate(gathered):
+            for i, res in zip(shard(len(points), r, dist.world), res_r):
+                merged[i] = res
+        return merged, max(s for _, s in gathered)
+    return evaluate
+
+
+def torch_dist() -> Dist:
+    """The Dist of a torchrun rank (gloo: only Python objects travel), or a single process."""
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    if world <= 1:
+        return Dist()
+    import torch.distributed as td
+
+    if not td.is_initialized():
+        td.init_process_group("gloo")
+
+    def all_gather(obj):
+        out = [None] * world
+        td.all_gather_object(out, obj)
+        return out
+
+    return Dist(td.get_rank(), world, int(os.environ.get("LOCAL_RANK", "0")), all_gather)
+
+
+# ----------------------------------------------------------------------------- tasks
+@dataclass(frozen=True)
+class Task:
+    """One kernel specialization to tune, and the route it is gated and timed under."""
+
+    kernel: str
+    variant: str
+    route: str
+
+
+def plan_tasks(routes: list[str], kernels: list[str]) -> list[Task]:
+    """The distinct (kernel, variant) pairs the routes run, restricted to ``kernels``."""
+    out: list[Task] = []
+    for route in routes:
+        for kernel in tuned.ROUTE_KERNELS[route]:
+            if kernel not in kernels:
+                continue
+            variant = tuned.variant_of(kernel, route)
+            if all((t.kernel, t.variant) != (kernel, variant) for t in out):
+                out.append(Task(kernel, variant, tuned.MEASURE_ROUTE[variant]))
+    return out
+
+
+def unique_shapes(shapes: list) -> list:
+    """One shape per shape key (the first), since the cache holds one entry per key."""
+    seen, out = set(), []
+    for s in shapes:
+        k = tuned.shape_key(s)
+        if k not in seen:
+            seen.add(k)
+            out.append(s)
+    return out
+
+
+def unique_shapes_pairs(pairs: list[tuple[str, object]]) -> list[tuple[str, object]]:
+    """unique_shapes for (shape-set path, shape) pairs."""
+    keep = {id(s) for s in unique_shapes([s for _, s in pairs])}
+    return [(p, s) for p, s in pairs if id(s) in keep]
+
+
+def fmt_values(values) -> str:
+    """Values of a dimension, arithmetic runs of more than four written as a..b step c."""
+    vals = ["none" if v is None else str(v) for v in values if v is None]
+    nums = [v for v in values if v is not None]
+    if len(nums) > 4 and all(b - a == nums[1] - nums[0] for a, b in zip(nums, nums[1:])):
+        vals.append(f"{nums[0]}..{nums[-1]} step {nums[1] - nums[0]}")
+    else:
+        vals += [str(v) for v in nums]
+    return ",".join(vals)
+
+
+def dry_run_rows(shapes: list, tasks: list[Task], exhaustive_max: int = EXHAUSTIVE_MAX) -> list[dict]:
+    """Per shape key and task: the dimensions, their values, the candidate counts and the strategy."""
+    rows = []
+    for s in unique_shapes(shapes):
+        for t in tasks:
+            space = build_space(t.kernel, s.K, s.V, s.dtype)
+            n_valid = count_valid(t.kernel, s.K, s.V, s.dtype)
+            rows.append({
+                "kernel": t.kernel, "variant": t.variant, "route": t.route, "shape_id": s.id,
+                "shape_key": tuned.shape_key(s), "dims": {d: list(v) for d, v in space.dims},
+                "start": space.start, "total": space.total, "valid": n_valid,
+                "strategy": "exhaustive" if n_valid <= exhaustive_max else "coordinate_descent",
+                "per_pass": space.pass_size(),
+            })
+    return rows
+
+
+# ----------------------------------------------------------------------------- worker (child process)
+class _Bench:
+    """Everything one shape's candidates share: inputs, oracle, default outputs, stage inputs."""
+
+    def __init__(self, spec: dict):
+        import torch
+
+        from . import ops
+        from .check import build_oracle
+        from .inputs import make_inputs
+        from .kernels.config import default_config
+        from .shapes import load_file
+        from .timing import TimingParams
+
+        self.torch, self.ops = torch, ops
+        self.device = spec["device"]
+        self.shape = load_file(spec["shape_set"]).get(spec["shape_id"])
+        self.params = TimingParams(**spec["params"])
+        s = self.shape
+        self.base = default_config(s.K, s.V, dtype_bytes(s.dtype))
+        check_shape = s.shortened(spec["check_tokens"])
+        self.full = make_inputs(s, self.device)
+        self.small = self.full if check_shape is s else make_inputs(check_shape, self.device)
+        self.info = {id(x): (ops.prepare_varlen(x.cu_seqlens) if x.cu_seqlens is not None else None)
+                     for x in (self.full, self.small)}
+        with torch.no_grad():
+            self.oracle = build_oracle(check_shape, self.small, s)
+        self._default_o: dict[str, object] = {}
+        self._stage: dict[str, dict] = {}
+
+    def forward(self, inputs, route: str, cfg):
+        """The whole chunk_gdn forward of a route, as the gdnbench backend runs it."""
+        ops, x = self.ops, inputs
+        kw = dict(scale=x.scale, initial_state=x.initial_state, output_final_state=True, config=cfg)
+        if x.cu_seqlens is not None:
+            kw.update(cu_seqlens=x.cu_seqlens, chunk_indices=self.info[id(x)])
+        if route == "explicit":
+            return ops.chunk_gdn(ops.l2norm(x.q, cfg.l2norm), ops.l2norm(x.k, cfg.l2norm), x.v, x.g, x.beta,
+                                 norm="none", **kw)
+        return ops.chunk_gdn(x.q, x.k, x.v, x.g, x.beta, norm=route, **kw)
+
+    def default_output(self, route: str):
+        if route not in self._default_o:
+            self._default_o[route] = self.forward(self.small, route, self.base)[0]
+        return self._default_o[route]
+
+    def stage_inputs(self, route: str) -> dict:
+        """The inputs of every stage on the full shape, computed once with the default config."""
+        if route in self._stage:
+            return self._stage[route]
+        ops, x, cfg, info = self.ops, self.full, self.base, self.info[id(self.full)]
+        fuse_k, fuse_q = route == "fused_qk", route in ("fused_q", "fused_qk")
+        k = x.k if fuse_k else ops.l2norm(x.k)
+        q = x.q if fuse_q else ops.l2norm(x.q)
+        g_cs, A, rk = ops.gram_solve(k, x.g, x.beta, varlen=info, fuse_k=fuse_k, config=cfg)
+        w, u = ops.recompute_wu(k, x.v, x.beta, A, g_cs, rstd_k=rk, varlen=info, config=cfg)
+        h0 = None if x.initial_state is None else x.initial_state.float().contiguous()
+        h, vn, _ = ops.state_recurrence(k, w, u, g_cs, rstd_k=rk, initial_state=h0, output_final_state=True,
+                                        varlen=info, config=cfg)
+        self._stage[route] = dict(q=q, k=k, g_cs=g_cs, A=A, rk=rk, w=w, u=u, h0=h0, h=h, vn=vn, info=info,
+                                  fuse_k=fuse_k, fuse_q=fuse_q)
+        return self._stage[route]
+
+    def stage_call(self, kernel: str, route: str, cfg):
+        """A zero-argument call of the one stage kernel under ``cfg`` (what is timed)."""
+        ops, x, st = self.ops, self.full, self.stage_inputs(route)
+        info = st["info"]
+        if kernel == "l2norm":
+            return lambda: ops.l2norm(x.k, cfg.l2norm)
+        if kernel == "gram":
+            return lambda: ops.gram_solve(st["k"], x.g, x.beta, varlen=info, fuse_k=st["fuse_k"], config=cfg)
+        if kernel == "wu":
+            return lambda: ops.recompute_wu(st["k"], x.v, x.beta, st["A"], st["g_cs"], rstd_k=st["rk"],
+                                            varlen=info, config=cfg)
+        if kernel == "state":
+            return lambda: ops.state_recurrence(st["k"], st["w"], st["u"], st["g_cs"], rstd_k=st["rk"],
+                                                initial_state=st["h0"], output_final_state=True, varlen=info,
+                                                config=cfg)
+        return lambda: ops.chunk_output(st["q"], st["k"], st["vn"], st["h"], st["g_cs"], scale=x.scale,
+                                        rstd_k=st["rk"], fuse_q=st["fuse_q"], varlen=info, config=cfg)
+
+    def time_us(self, fn) -> tuple[float, str]:
+        """Median µs per call: CUDA-graph replays on the GPU (events where capture fails)."""
+        from . import timing
+
+        p = self.params
+        for _ in range(p.warmup):
+            fn()
+        if self.device != "cuda":
+            return statistics.median(timing.time_cpu(fn, p.iters * p.rounds)), "cpu perf_counter"
+        try:
+            graph = timing.capture_graph(fn)
+        except timing.GraphUnsafe:
+            samples = [t for _ in range(p.rounds) for t in timing.time_wall(fn, p.iters)]
+            return statistics.median(samples), "cuda events per eager call (graph capture failed)"
+        samples = [t for _ in range(p.rounds) for t in timing.time_graph(graph, p.iters)]
+        del graph
+        return statistics.median(samples), "cuda graph replay of one stage call"
+
+    def evaluate(self, kernel: str, route: str, point: Point) -> dict:
+        """Compile -> gate -> time one candidate; every outcome is a result dict."""
+        from .check import judge, rel_rms
+
+        torch = self.torch
+        res: dict = {"status": "error", "reason": "", "time_us": None}
+        seen: dict = {}
+        hook = lambda k, ck: seen.__setitem__(getattr(getattr(k, "fn", k), "__name__", ""), ck)  # noqa: E731
+        self.ops.LAUNCH_HOOKS.append(hook)
+        t0 = time.monotonic()
+        stage = "compile"
+        try:
+            with torch.no_grad():
+                cfg = full_config(kernel, point, self.base)
+                ref = self.default_output(route)
+                o, s = self.forward(self.small, route, cfg)
+                self._sync()
+                res["first_call_s"] = round(time.monotonic() - t0, 3)
+                self._registers(res, seen.get(KERNEL_FUNCTIONS[kernel]))
+                stage = "gate"
+                v = judge(self.oracle, o, s)
+                res.update(err_o=v.err_o, err_state=v.err_state, budget_o=v.budget_o, budget_state=v.budget_state,
+                           err_vs_default=rel_rms(o, ref) if o.shape == ref.shape else None, check_tokens=v.tokens)
+                del o, s
+                if not v.passed:
+                    res.update(status="incorrect", reason=v.reason)
+                    return res
+                stage = "timing"
+                res["time_us"], res["timing_method"] = self.time_us(self.stage_call(kernel, route, cfg))
+                self._registers(res, seen.get(KERNEL_FUNCTIONS[kernel]))
+                res["status"] = "ok"
+        except Exception as e:  # a failing candidate is data
+            res["status"] = "compile_error" if stage == "compile" and _is_compile_error(e) else "error"
+            res["reason"] = f"{stage}: {_one_line(e)}"
+            res["traceback"] = traceback.format_exc()[-1500:]
+            res["time_us"] = None
+            if not self._context_ok():
+                res["context_lost"] = True
+        finally:
+            self.ops.LAUNCH_HOOKS.remove(hook)
+            res["seconds"] = round(time.monotonic() - t0, 3)
+        return res
+
+    def _sync(self):
+        if self.device == "cuda":
+            self.torch.cuda.synchronize()
+
+    def _context_ok(self) -> bool:
+        try:
+            self._sync()
+            return True
+        except Exception:
+            return False
+
+    @staticmethod
+    def _registers(res: dict, compiled) -> None:
+        for attr in ("n_regs", "n_spills"):
+            try:
+                val = getattr(compiled, attr, None)
+            except Exception:
+                val = None
+            if val is not None:
+                res[attr] = int(val)
+
+
+def _is_compile_error(e: BaseException) -> bool:
+    names = {"CompilationError", "CompileTimeAssertionFailure", "OutOfResources", "PTXASError"}
+    return type(e).__name__ in names or type(e).__module__.startswith("triton.compiler")
+
+
+def device_identity(device: str) -> dict:
+    import triton
+
+    if device != "cuda":
+        return {"gpu": "cpu", "compute_capability": None, "triton": triton.__version__}
+    env = tuned.device_env(0)
+    return dict(env) if env else {"gpu": "unknown", "compute_capability": None, "triton": triton.__version__}
+
+
+def worker_main(spec_json: str) -> int:
+    """Child process: answer one JSON line per candidate request read from stdin.
+
+    The protocol uses the original stdout; everything printed otherwise goes to stderr."""
+    proto = os.fdopen(os.dup(1), "w", buffering=1)
+    os.dup2(2, 1)
+    spec = json.loads(spec_json)
+    try:
+        bench = _Bench(spec)
+        proto.write(json.dumps({"hello": True, "env": device_identity(spec["device"])}) + "\n")
+    except Exception as e:
+        traceback.print_exc()
+        proto.write(json.dumps({"hello": False, "reason": _one_line(e)}) + "\n")
+        return 1
+    for line in sys.stdin:
+        req = json.loads(line)
+        res = bench.evaluate(req["kernel"], req["route"], req["point"])
+        proto.write(json.dumps(res, default=str) + "\n")
+        if res.get("context_lost"):
+            return 3  # the CUDA context is poisoned: the parent starts a fresh worker
+    return 0
+
+
+# ----------------------------------------------------------------------------- worker (parent side)
+class WorkerDied(RuntimeError):
+    pass
+
+
+class WorkerClient:
+    """Talks to one worker subprocess; starts a fresh one after a crash or a timeout."""
+
+    def __init__(self, spec: dict, device: str, gpu: str | None = None, timeout_s: float = 600.0,
+                 start_timeout_s: float = 600.0):
+        self.spec, self.device, self.gpu = spec, device, gpu
+        self.timeout_s, self.start_timeout_s = timeout_s, start_timeout_s
+        self.proc: subprocess.Popen | None = None
+        self.env: dict | None = None
+        self.start_failures = 0
+        self.last_error = ""
+        self.eof = False
+        self._buf = b""
+        self._err = tempfile.TemporaryFile()
+
+    def _environ(self) -> dict:
+        from .runner import worker_env
+
+        env = worker_env(self.device)
+        if self.gpu is not None:
+            env["CUDA_VISIBLE_DEVICES"] = self.gpu
+        return env
+
+    def _start(self) -> None:
+        self._buf = b""
+        self._err.seek(0)
+        self._err.truncate()
+        self.proc = subprocess.Popen([sys.executable, "-m", "gdnbench.autotune", "--worker", json.dumps(self.spec)],
+                                     stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self._err,
+                                     env=self._environ(), bufsize=0)
+        hello = self._read(self.start_timeout_s)
+        if hello is None or not hello.get("hello"):
+            reason = (hello or {}).get("reason") or self._death("worker did not start")
+            self._kill()
+            self.start_failures += 1
+            self.last_error = f"worker failed to start: {reason}"
+            raise WorkerDied(self.last_error)
+        self.start_failures = 0
+        self.env = hello["env"]
+
+    def ensure_started(self) -> dict | None:
+        """Start the worker if needed; its device identity, or None when it cannot start."""
+        try:
+            if self.proc is None:
+                self._start()
+        except WorkerDied:
+            return None
+        return self.env
+
+    def _read(self, timeout: float) -> dict | None:
+        """The next JSON line; None on timeout or end of file (self.eof says which)."""
+        self.eof = False
+        fd = self.proc.stdout.fileno()
+        deadline = time.monotonic() + timeout
+        while b"\n" not in self._buf:
+            left = deadline - time.monotonic()
+            if left <= 0 or not select.select([fd], [], [], left)[0]:
+                return None
+            chunk = os.read(fd, 65536)
+            if not chunk:
+                self.eof = True
+                return None
+            self._buf += chunk
+        line, _, self._buf = self._buf.partition(b"\n")
+        return json.loads(line)
+
+    def _death(self, what: str) -> str:
+        rc = self.proc.poll() if self.proc else None
+        self._err.seek(0)
+        lines = [l.strip() for l in self._err.read().decode(errors="replace").splitlines() if l.strip()]
+        last = lines[-1][:300] if lines else "no output"
+        return f"{what} (exit code {rc}): {last}"
+
+    def _kill(self) -> None:
+        if self.proc is not None:
+            if self.proc.poll() is None:
+                self.proc.kill()
+            self.proc.wait()
+        self.proc = None
+
+    def evaluate(self, kernel: str, route: str, point: Point) -> dict:
+        """One candidate's result; a dead or hung worker is recorded as the candidate's result."""
+        if self.proc is None:
+            if self.start_failures >= 2:
+                return {"status": "error", "reason": "worker cannot start (failed twice)", "time_us": None}
+            try:
+                self._start()
+            except WorkerDied as e:
+                return {"status": "error", "reason": str(e), "time_us": None}
+        try:
+            self.proc.stdin.write((json.dumps({"kernel": kernel, "route": route, "point": point}) + "\n").encode())
+            self.proc.stdin.flush()
+            res = self._read(self.timeout_s)
+        except (BrokenPipeError, OSError, json.JSONDecodeError):
+            res, self.eof = None, True
+        if res is None:
+            hung = not self.eof
+            if not hung:
+                try:
+                    self.proc.wait(timeout=10)  # reap it, for its exit code
+                except subprocess.TimeoutExpired:
+                    pass
+            reason = self._death(f"worker hung over {self.timeout_s:.0f} s" if hung else "worker died")
+            self._kill()
+            return {"status": "timeout" if hung else "crashed", "reason": reason, "time_us": None}
+        if res.get("context_lost"):
+            self._kill()
+        return res
+
+    def close(self) -> None:
+        if self.proc is not None:
+            try:
+                self.proc.stdin.close()
+                self.proc.wait(timeout=30)
+            except (OSError, subprocess.TimeoutExpired):
+                pass
+            self._kill()
+        self._err.close()
+
+
+def rank_gpu(local_rank: int) -> str:
+    """The CUDA_VISIBLE_DEVICES entry of this rank's GPU (respecting one already set)."""
+    visible = [d for d in os.environ.get("CUDA_VISIBLE_DEVICES", "").split(",") if d.strip()]
+    return visible[local_rank] if local_rank < len(visible) else str(local_rank)
+
+
+# ----------------------------------------------------------------------------- one tuning run
+@dataclass
+class TuneOptions:
+    device: str = "cuda"
+    budget_s: float = DEFAULT_BUDGET_S
+    exhaustive_max: int = EXHAUSTIVE_MAX
+    min_gain: float = MIN_GAIN
+    check_tokens: int = 8192
+    warmup: int = 5
+    rounds: int = 3
+    iters: int = 20
+    timeout_s: float = 600.0
+    cache_dir: Path = tuned.TUNED_DIR
+
+
+def make_entry(env: dict, task: Task, shape, set_name: str, space: Space, res: SearchResult, opts: TuneOptions) -> dict:
+    """The cache entry of one search: its key, the default and the winner, and every candidate."""
+    from .results import git_info, utc_stamp
+
+    default_t = res.default.get("time_us") if is_ok(res.default) else None
+    best = res.best
+    failed = sum(1 for r in res.results if not is_ok(r))
+    return {
+        "key": tuned.entry_key(env, task.kernel, shape, task.variant),
+        "kernel": task.kernel, "variant": task.variant, "route": task.route,
+        "shape": {"set": set_name, "id": shape.id, "label": shape.label(), "tokens": shape.tokens},
+        "created_utc": utc_stamp(), "git": git_info(),
+        "search": {"strategy": res.strategy, "stopped": res.stopped, "rounds": res.rounds,
+                   "budget_s": opts.budget_s, "spent_s": round(res.spent_s, 3), "min_gain": opts.min_gain,
+                   "exhaustive_max": opts.exhaustive_max, "dims": {d: list(v) for d, v in space.dims},
+                   "space_total": space.total, "evaluated": len(res.results), "failed": failed,
+                   "pruned_met": res.pruned},
+        "gate": "whole chunk_gdn forward of the route under the candidate config vs the fp64 recurrence "
+                "(gdnbench.check, data-derived budget); err_vs_default: rel-RMS against the default config",
+        "timing": {"what": "the stage kernel alone, stage inputs precomputed with the default config",
+                   "method": "median of CUDA-graph replays of one stage call", "warmup": opts.warmup,
+                   "rounds": opts.rounds, "iters": opts.iters, "device": opts.device},
+        "default": {"config": space.start, "time_us": default_t},
+        "best": {"config": best["config"], "time_us": best["time_us"]} if best else None,
+        "speedup": (default_t / best["time_us"]) if default_t and best else None,
+        "candidates": res.results,
+    }
+
+
+def tune(shapes: list[tuple[str, object]], tasks: list[Task], opts: TuneOptions, dist: Dist = Dist(),
+         on_event: Callable[[str, dict], None] = lambda kind, info: None, client_factory=None) -> list[dict]:
+    """Run every task on every (shape-set path, shape); rank 0 writes each entry as it finishes.
+
+    ``on_event(kind, info)`` reports progress: 'search' (a search starts, with an estimate of its
+    candidates), 'result' (one candidate), 'entry' (a search ended), 'skip' (with the reason)."""
+    factory = client_factory or (lambda spec: WorkerClient(
+        spec, opts.device, rank_gpu(dist.local_rank) if opts.device == "cuda" else None, opts.timeout_s))
+    entries = []
+    for set_path, shape in shapes:
+        spec = {"shape_set": set_path, "shape_id": shape.id, "device": opts.device, "check_tokens": opts.check_tokens,
+                "params": {"warmup": opts.warmup, "rounds": opts.rounds, "iters": opts.iters}}
+        client = factory(spec)
+        try:
+            envs = dist.all_gather(client.ensure_started())
+            if envs[0] is None:
+                on_event("skip", {"shape": shape, "reason": client.last_error or "worker failed on rank 0"})
+                continue
+            for task in tasks:
+                entries.append(_tune_one(client, envs[0], task, shape, set_path, opts, dist, on_event))
+        finally:
+            client.close()
+    return entries
+
+
+def _tune_one(client, env, task: Task, shape, set_path: str, opts: TuneOptions, dist: Dist, on_event) -> dict:
+    space = build_space(task.kernel, shape.K, shape.V, shape.dtype)
+    on_event("search", {"task": task, "shape": shape, "estimate": space.pass_size()})
+    local = per_candidate(lambda p: client.evaluate(task.kernel, task.route, p))
+    evaluate = local if dist.world == 1 else sharded(local, dist)
+    res = search(space, evaluate, opts.budget_s, opts.exhaustive_max, opts.min_gain,
+                 on_result=lambda r: on_event("result", {"task": task, "shape": shape, "result": r}))
+    entry = make_entry(env, task, shape, Path(set_path).stem, space, res, opts)
+    path = tuned.save_entry(opts.cache_dir, entry) if dist.rank == 0 else None
+    on_event("entry", {"task": task, "shape": shape, "entry": entry, "path": path})
+    return entry
+
+
+# ----------------------------------------------------------------------------- report
+def report_rows(cache_dir: Path = tuned.TUNED_DIR) -> list[dict]:
+    """Per cache entry: default vs tuned stage time, their ratio and the winning config."""
+    rows = []
+    for path in sorted(Path(cache_dir).glob("*/*.json")):
+        for e in tuned.load_entries(path):
+            d, b = (e.get("default") or {}).get("time_us"), (e.get("best") or {}).get("time_us")
+            win = tuned.winner(e)
+            key = e.get("key", {})
+            rows.append({
+                "gpu": path.parent.name, "kernel": e.get("kernel"), "variant": e.get("variant"),
+                "shape_key": key.get("shape_key"), "shape_id": (e.get("shape") or {}).get("id"),
+                "default_us": d, "tuned_us": b, "ratio": (b / d) if b and d else None,
+                "winner": tuned.point_label(win) if win else "default",
+                "evaluated": (e.get("search") or {}).get("evaluated"), "failed": (e.get("search") or {}).get("failed"),
+                "stale": key.get("source_hash") != tuned.source_hash(e["kernel"]) if e.get("kernel") in KERNELS else True,
+            })
+    return rows
+
+
+def report_table(cache_dir: Path = tuned.TUNED_DIR):
+    """The report rows as a gdnbench.report.Table (µs; ratio = tuned / default, < 1 is faster)."""
+    from .report import Table
+
+    def us(t):
+        return "-" if t is None else f"{t:.1f}"
+
+    rows = report_rows(cache_dir)
+    body = [[r["gpu"], r["kernel"], r["variant"], r["shape_key"], us(r["default_us"]), us(r["tuned_us"]),
+             "-" if r["ratio"] is None else f"{r['ratio']:.3f}", r["winner"], f"{r['evaluated']}/{r['failed']}",
+             "stale" if r["stale"] else ""] for r in rows]
+    notes = ["time: the stage kernel alone (CUDA-graph replay), median µs; ratio = tuned/default",
+             "stale entries (kernel source changed since tuning) are ignored by gdnbench run"]
+    return Table("autotuned stage kernels", ["gpu", "kernel", "variant", "shape key", "default µs", "tuned µs",
+                                             "ratio", "winner", "evaluated/failed", ""], body, notes)
+
+
+def chart(entry: dict, out: str | Path) -> Path:
+    """Stage time against maxnreg, one line per num_warps (best over the other dimensions)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    none_x = 256  # where 'maxnreg = None' (the compiler's choice) is drawn
+    best: dict[tuple, float] = {}
+    for r in entry.get("candidates", []):
+        if not is_ok(r):
+            continue
+        c = r["config"]
+        k = (c.get("num_warps"), c.get("maxnreg") if c.get("maxnreg") is not None else none_x)
+        best[k] = min(best.get(k, math.inf), r["time_us"])
+    if not best:
+        raise ValueError("nothing to plot: no ok candidates")
+    fig, ax = plt.subplots(figsize=(8, 4.5))
+    for w in sorted({k[0] for k in best}):
+        pts = sorted((x, t) for (ww, x), t in best.items() if ww == w)
+        ax.plot([x for x, _ in pts], [t for _, t in pts], marker="o", label=f"{w} warps")
+    d = (entry.get("default") or {}).get("time_us")
+    if d:
+        ax.axhline(d, color="black", lw=0.8, ls="--", label="default config")
+    ticks = sorted({k[1] for k in best})
+    ax.set_xticks(ticks)
+    ax.set_xticklabels(["none" if x == none_x else str(x) for x in ticks], rotation=90, fontsize=7)
+    ax.set_xlabel("maxnreg (none = compiler's choice)")
+    ax.set_ylabel("stage time, median (µs)")
+    key = entry.get("key", {})
+    ax.set_title(f"{entry.get('kernel')} [{entry.get('variant')}] {key.get('shape_key')} on {key.get('gpu')}",
+                 fontsize=9)
+    ax.legend(fontsize=8)
+    ax.grid(alpha=0.3)
+    fig.tight_layout()
+    out = Path(out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(out, dpi=110)
+    plt.close(fig)
+    return out
+
+
+if __name__ == "__main__":
+    if len(sys.argv) == 3 and sys.argv[1] == "--worker":
+        sys.exit(worker_main(sys.argv[2]))
+    sys.exit("usage: python -m gdnbench.autotune --worker SPEC_JSON (started by gdnbench autotune)")

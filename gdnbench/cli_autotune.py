@@ -1,0 +1,258 @@
+"""The `gdnbench autotune` command (registered on the main app by ``register(app)``).
+
+Parses, checks and renders only; the work is in gdnbench.autotune. No torch import at module
+load. Bad input: one line and exit code 2. With --nproc-per-node N > 1 the command re-launches
+itself under torchrun (one rank per GPU) and returns torchrun's exit code.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Optional
+
+import typer
+from rich.console import Console
+
+EXIT_BAD_INPUT = 2
+EXIT_NO_DEVICE = 3
+DEFAULT_SETS = ("gdn-qwen6",)
+NO_KDA = "no kda kernels yet: gdnbench autotune tunes our GDN stage kernels only"
+RANK_ENV = "GDNBENCH_AUTOTUNE_RANKED"  # set on the torchrun re-launch: do not re-launch again
+
+console = Console()
+err_console = Console(stderr=True)
+
+
+class _Bad(ValueError):
+    pass
+
+
+def _fail(msg: str, code: int = EXIT_BAD_INPUT):
+    err_console.print(f"[red]error:[/red] {msg}", highlight=False, soft_wrap=True)
+    raise typer.Exit(code)
+
+
+def _split(values: Optional[list[str]]) -> list[str]:
+    return [x.strip() for v in values or [] for x in v.split(",") if x.strip()]
+
+
+def _pick(values: Optional[list[str]], known: tuple, what: str) -> list[str]:
+    got = _split(values) or list(known)
+    for v in got:
+        if v not in known:
+            raise _Bad(f"{what}: unknown value {v!r} (known: {', '.join(known)})")
+    return got
+
+
+def select_shapes(set_names: list[str], shape_ids: list[str], family: str) -> tuple[list[tuple[str, object]], int]:
+    """(set path, shape) pairs to tune and the number of KDA shapes left out."""
+    from . import shapes as shp
+
+    pairs = []
+    for name in set_names:
+        ss = shp.load(name)
+        pairs += [(ss.path, s) for s in ss.shapes if not shape_ids or s.id in shape_ids]
+    if shape_ids and not pairs:
+        raise _Bad(f"--shape-id: none of {', '.join(shape_ids)} is in {', '.join(set_names)}")
+    kda = sum(1 for _, s in pairs if s.family == "kda")
+    keep = [(p, s) for p, s in pairs if s.family == "gdn" and family in ("gdn", "all")]
+    return keep, kda
+
+
+def relaunch_command(argv: list[str], nproc: int) -> list[str]:
+    """The torchrun command that runs this autotune with ``nproc`` ranks on this node."""
+    return [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}",
+            "-m", "gdnbench.cli_autotune", "autotune", *argv]
+
+
+def _argv(opts: dict) -> list[str]:
+    """The command-line options of this run (for the torchrun re-launch), without --nproc-per-node."""
+    out = []
+    for name, value in opts.items():
+        flag = "--" + name.replace("_", "-")
+        if isinstance(value, bool):
+            out += [flag] if value else []
+        elif value is not None:
+            out += [flag, str(value)]
+    return out
+
+
+def _resolve_device(device: str, dry_run: bool) -> str:
+    if device not in ("auto", "cuda", "cpu"):
+        raise _Bad(f"--device {device!r}: use auto, cuda or cpu")
+    if dry_run or device == "cpu":
+        return "cuda" if device == "auto" else device
+    import torch
+
+    if not torch.cuda.is_available():
+        _fail("no CUDA device found; see the search space with --dry-run, or exercise the path on the CPU "
+              "with --device cpu --shapes smoke (times are not meaningful there)", EXIT_NO_DEVICE)
+    return "cuda"
+
+
+def _print_dry_run(rows: list[dict]) -> None:
+    """One block per search: what it tunes, its counts and strategy, then each dimension's values."""
+    from .autotune import fmt_values
+
+    for r in rows:
+        strat = "exhaustive" if r["strategy"] == "exhaustive" else f"coordinate descent (≤{r['per_pass']} per pass)"
+        console.print(f"{r['kernel']} variant={r['variant']} route={r['route']} {r['shape_key']} "
+                      f"({r['shape_id']}): {r['total']} candidates, {r['valid']} valid, {strat}",
+                      markup=False, highlight=False, soft_wrap=True)
+        for d, v in r["dims"].items():
+            console.print(f"  {d}: {fmt_values(v)}", markup=False, highlight=False, soft_wrap=True)
+    console.print(f"{len(rows)} searches, nothing run; valid = kept by kernels.config.validate()", highlight=False)
+
+
+def _run_with_progress(shapes, tasks, opts, dist):
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+
+    from .autotune import tune
+
+    show = dist.rank == 0
+    with Progress(TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                  TimeRemainingColumn(), console=err_console, disable=not show) as progress:
+        bar = progress.add_task("autotune", total=None)
+        planned = {"n": 0}
+
+        def on_event(kind, info):
+            if kind == "search":
+                planned["n"] += info["estimate"]
+                progress.update(bar, total=planned["n"],
+                                description=f"{info['task'].kernel}[{info['task'].variant}] {info['shape'].id}")
+            elif kind == "result":
+                r = info["result"]
+                t = progress.tasks[0]
+                if t.completed + 1 > (t.total or 0):  # a later pass: grow the estimate
+                    planned["n"] += 1
+                    progress.update(bar, total=planned["n"])
+                progress.update(bar, advance=1)
+                if r["status"] != "ok" and show:
+                    progress.console.print(f"  {info['task'].kernel} {r['config']}: {r['status']}: {r['reason']}",
+                                           highlight=False)
+            elif kind == "entry" and show:
+                e = info["entry"]
+                d, b = e["default"]["time_us"], (e["best"] or {}).get("time_us")
+                ratio = f"{b / d:.3f}" if d and b else "-"
+                progress.console.print(f"[green]{e['kernel']}[{e['variant']}] {e['key']['shape_key']}[/green]: "
+                                       f"default {d} µs, best {b} µs (ratio {ratio}), "
+                                       f"{e['search']['evaluated']} evaluated -> {info['path']}", highlight=False)
+            elif kind == "skip" and show:
+                progress.console.print(f"[yellow]skipped {info['shape'].id}: {info['reason']}[/yellow]",
+                                       highlight=False)
+
+        return tune(shapes, tasks, opts, dist, on_event)
+
+
+def register(app: typer.Typer) -> None:
+    """Add the `autotune` command to ``app``."""
+
+    @app.command()
+    def autotune(
+        shapes: Optional[list[str]] = typer.Option(None, "--shapes", "-s", help="Shape set names or .toml paths "
+                                                    "(default: gdn-qwen6)."),
+        shape_ids: Optional[list[str]] = typer.Option(None, "--shape-id", help="Only these shape ids."),
+        family: str = typer.Option("all", help="gdn, kda or all (there are no kda kernels yet)."),
+        kernels: Optional[list[str]] = typer.Option(None, "--kernels", "-k", help="Comma-separated stage kernels "
+                                                     "(default: l2norm,gram,wu,state,output,output_fused)."),
+        routes: Optional[list[str]] = typer.Option(None, "--routes", "-r", help="Routes whose kernel "
+                                                    "specializations to tune (default: all)."),
+        budget: float = typer.Option(300.0, help="Seconds per kernel and shape search (checked between sweeps)."),
+        dry_run: bool = typer.Option(False, "--dry-run", help="Print the search spaces and counts; run nothing."),
+        nproc_per_node: int = typer.Option(1, "--nproc-per-node", help="GPUs to shard candidates over (torchrun)."),
+        device: str = typer.Option("auto", help="auto, cuda or cpu (cpu: interpreter, plumbing only)."),
+        cache_dir: Optional[Path] = typer.Option(None, help="Cache root (default results/tuned)."),
+        exhaustive_max: int = typer.Option(256, help="Search exhaustively when at most this many valid points."),
+        min_gain: float = typer.Option(0.01, help="Relative gain a move of coordinate descent needs."),
+        check_tokens: Optional[int] = typer.Option(None, help="Gate input length cap (default 8192; 1024 on CPU)."),
+        warmup: int = typer.Option(5), rounds: int = typer.Option(3), iters: int = typer.Option(20),
+        timeout: float = typer.Option(600.0, help="Seconds one candidate may take before its worker is killed."),
+    ):
+        """Tune block sizes, warps, stages and register caps of our kernels per shape; cache the winners."""
+        try:
+            fam = _pick([family], ("gdn", "kda", "all"), "--family")[0]
+            kernel_l = _pick(kernels, _known_kernels(), "--kernels")
+            route_l = _pick(routes, _known_routes(), "--routes")
+            for name, val, low in (("--budget", budget, 0), ("--min-gain", min_gain, 0)):
+                if not val >= low:
+                    raise _Bad(f"{name} {val}: must be ≥ {low}")
+            for name, val in (("--nproc-per-node", nproc_per_node), ("--exhaustive-max", exhaustive_max + 1),
+                              ("--rounds", rounds), ("--iters", iters), ("--warmup", warmup + 1)):
+                if val < 1:
+                    raise _Bad(f"{name}: must be at least {1 if name != '--exhaustive-max' else 0}")
+            if fam == "kda":
+                console.print(NO_KDA)
+                raise typer.Exit(0)
+            dev = _resolve_device(device, dry_run)
+            pairs, n_kda = select_shapes(_split(shapes) or list(DEFAULT_SETS), _split(shape_ids), fam)
+        except _domain_errors() as e:
+            _fail(str(e))
+        if n_kda:
+            console.print(f"[yellow]{n_kda} kda shape(s) left out: {NO_KDA}[/yellow]")
+        if not pairs:
+            if n_kda:
+                raise typer.Exit(0)
+            _fail("no gdn shapes selected")
+        from . import autotune as at
+
+        tasks = at.plan_tasks(route_l, kernel_l)
+        if not tasks:
+            _fail(f"--kernels {','.join(kernel_l)} are not run by --routes {','.join(route_l)}")
+        if dry_run:
+            _print_dry_run(at.dry_run_rows([s for _, s in pairs], tasks, exhaustive_max))
+            return
+        if nproc_per_node > 1 and RANK_ENV not in os.environ:
+            opts = dict(shapes=",".join(_split(shapes)) or None, shape_id=",".join(_split(shape_ids)) or None,
+                        family=fam, kernels=",".join(kernel_l), routes=",".join(route_l), budget=budget,
+                        device=dev, cache_dir=cache_dir, exhaustive_max=exhaustive_max, min_gain=min_gain,
+                        check_tokens=check_tokens, warmup=warmup, rounds=rounds, iters=iters, timeout=timeout)
+            env = {**os.environ, RANK_ENV: "1", "NCCL_NVLS_ENABLE": "0"}
+            raise typer.Exit(subprocess.run(relaunch_command(_argv(opts), nproc_per_node), env=env).returncode)
+        opts = at.TuneOptions(device=dev, budget_s=budget, exhaustive_max=exhaustive_max, min_gain=min_gain,
+                              check_tokens=check_tokens or (8192 if dev == "cuda" else 1024), warmup=warmup,
+                              rounds=rounds, iters=iters, timeout_s=timeout,
+                              cache_dir=cache_dir or at.tuned.TUNED_DIR)
+        dist = at.torch_dist()
+        try:
+            entries = _run_with_progress(at.unique_shapes_pairs(pairs), tasks, opts, dist)
+        except KeyboardInterrupt:
+            _fail("interrupted: the searches finished so far are in the cache", 130)
+        if dist.rank == 0:
+            console.print(f"{len(entries)} searches written under {opts.cache_dir}")
+
+
+def _known_kernels() -> tuple:
+    from .tuned import KERNELS
+
+    return KERNELS
+
+
+def _known_routes() -> tuple:
+    from .tuned import ROUTE_KERNELS
+
+    return tuple(ROUTE_KERNELS)
+
+
+def _domain_errors():
+    from .shapes import ShapeError
+
+    return (_Bad, ShapeError)
+
+
+def _standalone_app() -> typer.Typer:
+    """An app with only this command (what the torchrun re-launch runs)."""
+    app = typer.Typer(add_completion=False)
+
+    @app.callback()
+    def _root():
+        """gdnbench autotune."""
+
+    register(app)
+    return app
+
+
+if __name__ == "__main__":
+    _standalone_app()(prog_name="gdnbench")

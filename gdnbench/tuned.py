@@ -1,0 +1,225 @@
+"""The autotune cache: results/tuned/<gpu-slug>/<kernel>.json, and the lookup `gdnbench run` uses.
+
+An entry holds one search of one kernel on one shape key; it is used only where its whole
+key matches the machine and the code:
+
+- ``gpu`` (device name) and ``compute_capability``: another chip has other limits;
+- ``triton``: another compiler makes other code from the same config;
+- ``source_hash``: sha256 of the kernel's module file and ``kernels/common.py`` (its shared
+  helpers). Editing a kernel makes its entries stale: they are ignored with a warning
+  (a new ``gdnbench autotune`` replaces them);
+- ``shape_key``: K, V, H, HV, storage dtype, fixed or varlen (the kernels compile
+  separately for each), and the token count rounded up to a power of two (the grid size
+  that decides occupancy; shapes within a factor of two share their tuning);
+- ``variant``: which specialization of the kernel ran (``plain``; ``fuse_k`` for the k-norm
+  folded into gram/wu/state under fused_qk; ``fused_q`` / ``fused_qk`` for output_fused).
+
+No torch import here; :func:`device_env` imports it lazily.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import hashlib
+import json
+import os
+import re
+import warnings
+from pathlib import Path
+
+from .results import RESULTS_DIR, write_atomic
+
+TUNED_DIR = RESULTS_DIR / "tuned"
+CACHE_SCHEMA = 1
+KERNELS = ("l2norm", "gram", "wu", "state", "output", "output_fused")
+KERNEL_DIR = Path(__file__).resolve().parent / "kernels"
+# the files whose text decides each kernel's code (its module and the shared helpers)
+KERNEL_SOURCES = {
+    "l2norm": ("common.py",),
+    "gram": ("intra.py", "common.py"),
+    "wu": ("intra.py", "common.py"),
+    "state": ("state.py", "common.py"),
+    "output": ("output.py", "common.py"),
+    "output_fused": ("output.py", "common.py"),
+}
+# the stage kernels each route launches (explicit runs the same kernels as flag)
+ROUTE_KERNELS = {
+    "explicit": ("l2norm", "gram", "wu", "state", "output"),
+    "flag": ("l2norm", "gram", "wu", "state", "output"),
+    "fused_q": ("l2norm", "gram", "wu", "state", "output_fused"),
+    "fused_qk": ("gram", "wu", "state", "output_fused"),
+}
+# the route a (kernel, variant) is measured under
+MEASURE_ROUTE = {"plain": "flag", "fuse_k": "fused_qk", "fused_q": "fused_q", "fused_qk": "fused_qk"}
+DISABLE_ENV = "GDNBENCH_TUNED"  # GDNBENCH_TUNED=0: `gdnbench run` ignores the cache
+
+
+class StaleEntry(UserWarning):
+    """A cache entry whose kernel source or Triton version no longer matches."""
+
+
+def variant_of(kernel: str, route: str) -> str:
+    """Which compiled specialization of ``kernel`` the route runs (the constexpr flags that differ)."""
+    if kernel == "output_fused":
+        return route
+    if kernel in ("gram", "wu", "state") and route == "fused_qk":
+        return "fuse_k"
+    return "plain"
+
+
+@functools.lru_cache(maxsize=None)
+def source_hash(kernel: str) -> str:
+    """sha256 over the text of the files that define the kernel (see KERNEL_SOURCES)."""
+    h = hashlib.sha256()
+    for name in KERNEL_SOURCES[kernel]:
+        h.update(name.encode() + b"\0" + (KERNEL_DIR / name).read_bytes() + b"\0")
+    return "sha256:" + h.hexdigest()
+
+
+def token_bucket(tokens: int) -> int:
+    """The token count rounded up to a power of two (at least one chunk, 64)."""
+    b = 64
+    while b < tokens:
+        b *= 2
+    return b
+
+
+def shape_key(shape) -> str:
+    """The part of a shape that tuning depends on, as one string (see the module docstring)."""
+    mix = "varlen" if shape.varlen else "fixed"
+    return f"K{shape.K}_V{shape.V}_H{shape.H}_HV{shape.HV}_{shape.dtype}_{mix}_T{token_bucket(shape.tokens)}"
+
+
+def gpu_slug(gpu_name: str) -> str:
+    return re.sub(r"[^a-z0-9]+", "-", gpu_name.lower()).strip("-") or "unknown"
+
+
+def normalize_env(env: dict) -> dict:
+    """{gpu, compute_capability, triton} from a device_env() dict or a results.capture_env() dict."""
+    if isinstance(env.get("gpu"), dict):  # capture_env's layout
+        return {"gpu": env["gpu"].get("name"), "compute_capability": env["gpu"].get("compute_capability"),
+                "triton": env.get("versions", {}).get("triton")}
+    return {k: env.get(k) for k in ("gpu", "compute_capability", "triton")}
+
+
+@functools.lru_cache(maxsize=None)
+def device_env(index: int = 0) -> dict | None:
+    """The tuning identity of CUDA device ``index``; None without CUDA."""
+    import torch
+    import triton
+
+    if not torch.cuda.is_available():
+        return None
+    p = torch.cuda.get_device_properties(index)
+    return {"gpu": p.name, "compute_capability": f"{p.major}.{p.minor}", "triton": triton.__version__}
+
+
+def entry_key(env: dict, kernel: str, shape, variant: str) -> dict:
+    env = normalize_env(env)
+    return {**env, "source_hash": source_hash(kernel), "shape_key": shape_key(shape), "variant": variant}
+
+
+def cache_path(cache_dir: Path, gpu_name: str, kernel: str) -> Path:
+    return Path(cache_dir) / gpu_slug(gpu_name) / f"{kernel}.json"
+
+
+def _identity(key: dict) -> tuple:
+    """What a new entry replaces: same machine, shape and variant, whatever the source hash."""
+    return tuple(key.get(k) for k in ("gpu", "compute_capability", "triton", "shape_key", "variant"))
+
+
+@functools.lru_cache(maxsize=64)
+def _read(path: str, mtime_ns: int) -> tuple:
+    doc = json.loads(Path(path).read_text())
+    return tuple(doc.get("entries", []))
+
+
+def load_entries(path: Path) -> list[dict]:
+    """The entries of one cache file ([] when absent or unreadable, with a warning for the latter)."""
+    path = Path(path)
+    if not path.exists():
+        return []
+    try:
+        return list(_read(str(path), path.stat().st_mtime_ns))
+    except (OSError, json.JSONDecodeError, AttributeError) as e:
+        warnings.warn(f"{path}: unreadable tuning cache ignored ({e})", StaleEntry, stacklevel=2)
+        return []
+
+
+def save_entry(cache_dir: Path, entry: dict) -> Path:
+    """Add ``entry`` to its kernel's file, replacing any entry with the same identity."""
+    key = entry["key"]
+    path = cache_path(cache_dir, key["gpu"], entry["kernel"])
+    kept = [e for e in load_entries(path) if _identity(e.get("key", {})) != _identity(key)]
+    doc = {"schema": CACHE_SCHEMA, "kernel": entry["kernel"], "entries": kept + [entry]}
+    return write_atomic(doc, path)
+
+
+def find_entry(cache_dir: Path, env: dict, kernel: str, shape, variant: str) -> dict | None:
+    """The matching entry, or None. Entries for this GPU and shape whose source hash or Triton
+    version differ are ignored with a StaleEntry warning."""
+    want = entry_key(env, kernel, shape, variant)
+    for e in load_entries(cache_path(cache_dir, want["gpu"] or "unknown", kernel)):
+        key = e.get("key", {})
+        if key == want:
+            return e
+        same_place = all(key.get(k) == want[k] for k in ("gpu", "compute_capability", "shape_key", "variant"))
+        if same_place:
+            what = "source hash" if key.get("source_hash") != want["source_hash"] else "Triton version"
+            warnings.warn(f"tuned {kernel} [{variant}] for {want['shape_key']} ignored: kernel {what} changed "
+                          f"since it was tuned; re-run gdnbench autotune", StaleEntry, stacklevel=2)
+    return None
+
+
+def point_label(point: dict) -> str:
+    """Short text of a config point, e.g. 'BK=64 BV=128 w=4 s=2 r=none'."""
+    short = {"num_warps": "w", "num_stages": "s", "maxnreg": "r"}
+    return " ".join(f"{short.get(k, k)}={'none' if v is None else v}" for k, v in point.items())
+
+
+def kernel_config(kernel: str, point: dict):
+    """The KernelConfig / L2NormConfig of a point."""
+    from .kernels.config import KernelConfig, L2NormConfig
+
+    return (L2NormConfig if kernel == "l2norm" else KernelConfig)(**point)
+
+
+def winner(entry: dict) -> dict | None:
+    """The entry's best config point when it beat the default, else None."""
+    best, default = entry.get("best"), entry.get("default")
+    if not best or best.get("time_us") is None:
+        return None
+    if default and default.get("config") == best["config"]:
+        return None
+    return best["config"]
+
+
+def tuned_config(shape, route: str, env: dict | None, cache_dir: Path = TUNED_DIR):
+    """(GDNConfig, description) for ``shape`` on ``route``: the shape's default config with each
+    stage kernel replaced by its tuned winner where a matching cache entry exists.
+
+    The description is 'default' or 'tuned: kernel[config], ...'. Without a device identity
+    (CPU) or with GDNBENCH_TUNED=0 it is always the default."""
+    from .kernels.config import default_config, validate
+
+    elt = {"float32": 4}.get(shape.dtype, 2)
+    cfg = default_config(shape.K, shape.V, elt)
+    if env is None or os.environ.get(DISABLE_ENV, "1") == "0":
+        return cfg, "default"
+    changed = {}
+    for kernel in ROUTE_KERNELS[route]:
+        e = find_entry(cache_dir, env, kernel, shape, variant_of(kernel, route))
+        point = winner(e) if e else None
+        if point is not None:
+            changed[kernel] = point
+    if not changed:
+        return cfg, "default"
+    try:
+        new = dataclasses.replace(cfg, **{k: kernel_config(k, p) for k, p in changed.items()})
+        validate(new, shape.K, shape.V, elt)
+    except (TypeError, ValueError) as e:
+        warnings.warn(f"tuned config for {shape_key(shape)} {route} is invalid ({e}); using the default",
+                      StaleEntry, stacklevel=2)
+        return cfg, "default"
+    return new, "tuned: " + ", ".join(f"{k}[{point_label(p)}]" for k, p in changed.items())

@@ -1,0 +1,350 @@
+"""The autotuner without a GPU: space and pruning, search strategies on fake costs, sharding,
+the cache (keys, staleness, lookup) and the dry-run CLI.
+
+Nothing here imports triton at module load: test_ops_gdn must set TRITON_INTERPRET=1 before
+triton is first imported (at collection), so triton-backed names are imported inside tests.
+"""
+
+import json
+import warnings
+
+import pytest
+import typer
+from typer.testing import CliRunner
+
+from gdnbench import autotune as at
+from gdnbench import shapes as shp
+from gdnbench import tuned
+
+
+def _shape(**kw):
+    base = dict(id="s", family="gdn", H=16, HV=32, K=128, V=128, lens=(8192,), seed=1, gate="logsigmoid",
+                dtype="bfloat16")
+    return shp.Shape(**{**base, **kw})
+
+
+# ----------------------------------------------------------------------------- space
+def test_space_has_maxnreg_caps_and_prunes_by_validate():
+    from gdnbench.kernels.config import SMEM_LIMIT_BYTES, KernelConfig, _smem_estimate
+
+    space = at.build_space("output", 256, 256, "float32")
+    dims = dict(space.dims)
+    assert dims["maxnreg"][0] is None and 64 in dims["maxnreg"] and 248 in dims["maxnreg"]
+    assert dims["BK"] == (16, 32, 64, 128, 256)
+    big = {"BK": 256, "BV": 256, "num_warps": 8, "num_stages": 4, "maxnreg": None}
+    smem = _smem_estimate("output", KernelConfig(**{k: v for k, v in big.items()}), 256, 256, 4)
+    assert smem > SMEM_LIMIT_BYTES and not space.is_valid(big)
+    # the register file: 255-ish registers x 512 threads does not fit, 128 does
+    assert not space.is_valid({"BK": 64, "BV": 64, "num_warps": 16, "num_stages": 1, "maxnreg": 248})
+    assert space.is_valid({"BK": 64, "BV": 64, "num_warps": 16, "num_stages": 1, "maxnreg": 128})
+    assert space.is_valid(space.start)
+    valid = space.valid_points()
+    assert 0 < len(valid) < space.total
+
+
+def test_start_point_is_the_default_config_and_blocks_are_clamped():
+    from gdnbench.kernels.config import GDNConfig, KernelConfig, validate
+
+    space = at.build_space("output_fused", 32, 32, "float32")
+    assert space.start == {"BK": 32, "BV": 32, "num_warps": 8, "num_stages": 1, "maxnreg": None}
+    assert dict(space.dims)["BK"] == (16, 32)  # 64.. would compile to the same code as 32
+    assert not space.is_valid({**space.start, "BK": 16})  # output_fused needs one K tile
+    with pytest.raises(ValueError, match="register file"):
+        validate(GDNConfig(state=KernelConfig(BV=32, num_warps=16, num_stages=2, maxnreg=200)), 128, 128)
+
+
+def test_plan_tasks_dedupes_specializations():
+    tasks = at.plan_tasks(["explicit", "flag"], list(at.KERNELS))
+    assert [t.kernel for t in tasks] == ["l2norm", "gram", "wu", "state", "output"]
+    assert {t.variant for t in tasks} == {"plain"}
+    tasks = at.plan_tasks(list(at.ROUTES), ["gram", "output_fused"])
+    assert [(t.kernel, t.variant, t.route) for t in tasks] == [
+        ("gram", "plain", "flag"), ("output_fused", "fused_q", "fused_q"), ("gram", "fuse_k", "fused_qk"),
+        ("output_fused", "fused_qk", "fused_qk")]
+
+
+# ----------------------------------------------------------------------------- search
+def _separable_space(valid=lambda p: True):
+    dims = [("a", (0, 1, 2, 3, 4)), ("b", (10, 20, 30)), ("c", (None, 64, 128, 192))]
+    return at.Space("fake", dims, {"a": 0, "b": 10, "c": None}, valid)
+
+
+def _cost(p):
+    c = 0 if p["c"] is None else p["c"]
+    return 100 + (p["a"] - 3) ** 2 + abs(p["b"] - 20) / 5 + abs(c - 128) / 32
+
+
+def _fake(fn):
+    calls = []
+
+    def evaluate(points):
+        calls.extend(points)
+        return [fn(p) for p in points], 1.0 * len(points)
+
+    return evaluate, calls
+
+
+def test_coordinate_descent_finds_optimum_of_separable_function():
+    evaluate, calls = _fake(lambda p: {"status": "ok", "reason": "", "time_us": _cost(p)})
+    res = at.search(_separable_space(), evaluate, budget_s=1e9, exhaustive_max=10, min_gain=0.0)
+    assert res.strategy == "coordinate_descent" and res.stopped == "converged"
+    assert res.best["config"] == {"a": 3, "b": 20, "c": 128}
+    assert res.default["config"] == {"a": 0, "b": 10, "c": None}
+    assert len(calls) == len({at.point_key(p) for p in calls}) < 5 * 3 * 4  # no point twice, fewer than all
+
+
+def test_exhaustive_when_small_and_budget_stops_descent():
+    evaluate, calls = _fake(lambda p: {"status": "ok", "reason": "", "time_us": _cost(p)})
+    res = at.search(_separable_space(), evaluate, budget_s=1e9, exhaustive_max=100)
+    assert res.strategy == "exhaustive" and len(calls) == 60 and calls[0] == {"a": 0, "b": 10, "c": None}
+    assert res.best["config"] == {"a": 3, "b": 20, "c": 128}
+    evaluate, calls = _fake(lambda p: {"status": "ok", "reason": "", "time_us": _cost(p)})
+    res = at.search(_separable_space(), evaluate, budget_s=3, exhaustive_max=10)
+    assert res.stopped == "budget" and len(calls) == 5  # the default, then one sweep
+
+
+def test_failing_candidates_are_recorded_and_never_win():
+    def fn(p):
+        if p["a"] == 3:
+            return {"status": "compile_error", "reason": "out of resources: shared memory", "time_us": None}
+        if p["b"] == 30:
+            raise RuntimeError("illegal memory access")
+        return {"status": "ok", "reason": "", "time_us": _cost(p)}
+
+    invalid = lambda p: p["c"] != 192  # noqa: E731
+    res = at.search(_separable_space(invalid), at.per_candidate(fn), budget_s=1e9, exhaustive_max=0, min_gain=0.0)
+    by_status = {}
+    for r in res.results:
+        by_status.setdefault(r["status"], []).append(r)
+    assert by_status["compile_error"][0]["reason"].startswith("out of resources")
+    assert "illegal memory access" in by_status["error"][0]["reason"]
+    assert res.best["status"] == "ok" and res.best["config"]["a"] != 3 and res.best["config"]["b"] != 30
+    assert res.pruned >= 1 and all(r["config"]["c"] != 192 for r in res.results)
+
+
+# ----------------------------------------------------------------------------- sharding
+@pytest.mark.parametrize("n, world", [(0, 2), (1, 4), (7, 3), (25, 8), (16, 1)])
+def test_shard_is_disjoint_and_covering(n, world):
+    parts = [at.shard(n, r, world) for r in range(world)]
+    flat = sorted(i for p in parts for i in p)
+    assert flat == list(range(n))
+    assert at.shard(n, 0, world) == at.shard(n, 0, world)  # pure
+    assert max(map(len, parts)) - min(map(len, parts)) <= 1
+
+
+def test_sharded_evaluator_merges_in_batch_order():
+    world = 3
+    points = [{"a": i} for i in range(8)]
+    local_calls = {}
+
+    def make(rank):
+        def local(pts):
+            local_calls[rank] = [p["a"] for p in pts]
+            return [{"status": "ok", "time_us": float(p["a"]), "rank": rank} for p in pts], 1.0 + rank
+        return local
+
+    def all_gather(obj):  # every rank's share, as torch.distributed would gather them
+        return [make(r)([points[i] for i in at.shard(len(points), r, world)]) for r in range(world)]
+
+    ev = at.sharded(make(0), at.Dist(rank=0, world=world, all_gather=all_gather))
+    merged, seconds = ev(points)
+    assert [r["time_us"] for r in merged] == list(range(8))
+    assert [r["rank"] for r in merged] == [i % world for i in range(8)]
+    assert seconds == 3.0  # the slowest rank
+
+
+def test_relaunch_command_uses_torchrun():
+    from gdnbench.cli_autotune import relaunch_command
+
+    cmd = relaunch_command(["--budget", "5"], 4)
+    assert cmd[1:4] == ["-m", "torch.distributed.run", "--standalone"] and "--nproc-per-node=4" in cmd
+    assert cmd[-3:] == ["autotune", "--budget", "5"]
+
+
+def test_worker_that_cannot_start_is_a_recorded_error():
+    spec = {"shape_set": "/nonexistent.toml", "shape_id": "x", "device": "cpu", "check_tokens": 64,
+            "params": {"warmup": 0, "rounds": 1, "iters": 1}}
+    client = at.WorkerClient(spec, "cpu", timeout_s=60, start_timeout_s=60)
+    try:
+        assert client.ensure_started() is None and "no such shape file" in client.last_error
+        res = client.evaluate("gram", "flag", {"BK": 16})
+        assert res["status"] == "error" and "failed to start" in res["reason"]
+        assert client.evaluate("gram", "flag", {"BK": 16})["reason"] == "worker cannot start (failed twice)"
+    finally:
+        client.close()
+
+
+# ----------------------------------------------------------------------------- cache
+ENV = {"gpu": "NVIDIA H200", "compute_capability": "9.0", "triton": "3.6.0"}
+
+
+def _entry(shape, kernel="state", variant="plain", best=None, **key):
+    best = best or {"BV": 64, "num_warps": 4, "num_stages": 3, "maxnreg": 128}
+    default = {"BV": 32, "num_warps": 4, "num_stages": 3, "maxnreg": None}
+    return {"key": {**tuned.entry_key(ENV, kernel, shape, variant), **key}, "kernel": kernel, "variant": variant,
+            "route": "flag", "default": {"config": default, "time_us": 160.0},
+            "best": {"config": best, "time_us": 120.0}, "search": {"evaluated": 30, "failed": 2},
+            "candidates": [{"config": {**default, "maxnreg": r}, "status": "ok", "time_us": 150.0 - r / 10}
+                           for r in (64, 128)] + [{"config": default, "status": "ok", "time_us": 160.0}]}
+
+
+def test_shape_key_and_bucket():
+    assert tuned.token_bucket(8192) == 8192 and tuned.token_bucket(8193) == 16384 and tuned.token_bucket(3) == 64
+    k = tuned.shape_key(_shape())
+    assert k == "K128_V128_H16_HV32_bfloat16_fixed_T8192"
+    assert tuned.shape_key(_shape(lens=(1300, 547, 2048))) == "K128_V128_H16_HV32_bfloat16_varlen_T4096"
+    assert tuned.source_hash("state").startswith("sha256:") and tuned.source_hash("state") != tuned.source_hash("gram")
+    assert tuned.variant_of("gram", "fused_qk") == "fuse_k" and tuned.variant_of("output", "flag") == "plain"
+
+
+def test_tuned_config_uses_matching_entry(tmp_path):
+    from gdnbench.kernels.config import KernelConfig
+
+    shape = _shape()
+    tuned.save_entry(tmp_path, _entry(shape))
+    cfg, label = tuned.tuned_config(shape, "flag", ENV, tmp_path)
+    assert cfg.state == KernelConfig(BV=64, num_warps=4, num_stages=3, maxnreg=128)
+    assert label.startswith("tuned: state[") and "r=128" in label
+    assert cfg.gram == tuned.tuned_config(shape, "flag", None, tmp_path)[0].gram  # untouched kernels: default
+    # fused_qk runs the fuse_k specialization of state: not tuned here
+    assert tuned.tuned_config(shape, "fused_qk", ENV, tmp_path)[1] == "default"
+    # another GPU, another shape bucket, no env: default
+    assert tuned.tuned_config(shape, "flag", {**ENV, "gpu": "NVIDIA B200"}, tmp_path)[1] == "default"
+    assert tuned.tuned_config(_shape(lens=(32768,)), "flag", ENV, tmp_path)[1] == "default"
+    assert tuned.tuned_config(shape, "flag", None, tmp_path)[1] == "default"
+    # a second save replaces the entry of the same identity
+    tuned.save_entry(tmp_path, _entry(shape, best={"BV": 16, "num_warps": 2, "num_stages": 2, "maxnreg": None}))
+    doc = json.loads((tmp_path / "nvidia-h200" / "state.json").read_text())
+    assert len(doc["entries"]) == 1 and tuned.tuned_config(shape, "flag", ENV, tmp_path)[0].state.BV == 16
+
+
+def test_stale_source_hash_is_ignored_with_a_warning(tmp_path):
+    shape = _shape()
+    tuned.save_entry(tmp_path, _entry(shape, source_hash="sha256:old"))
+    with pytest.warns(tuned.StaleEntry, match="source hash changed"):
+        cfg, label = tuned.tuned_config(shape, "flag", ENV, tmp_path)
+    assert label == "default" and cfg == tuned.tuned_config(shape, "flag", None, tmp_path)[0]
+    rows = at.report_rows(tmp_path)
+    assert rows[0]["stale"] is True
+
+
+def test_winner_equal_to_default_keeps_default(tmp_path):
+    shape = _shape()
+    e = _entry(shape)
+    e["best"] = dict(e["default"])
+    tuned.save_entry(tmp_path, e)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert tuned.tuned_config(shape, "flag", ENV, tmp_path)[1] == "default"
+
+
+def test_report_and_chart(tmp_path):
+    shape = _shape()
+    e = _entry(shape)
+    tuned.save_entry(tmp_path, e)
+    rows = at.report_rows(tmp_path)
+    assert len(rows) == 1 and rows[0]["ratio"] == pytest.approx(0.75) and "r=128" in rows[0]["winner"]
+    assert rows[0]["stale"] is False
+    table = at.report_table(tmp_path)
+    assert table.rows[0][6] == "0.750"
+    png = at.chart(e, tmp_path / "state.png")
+    assert png.exists() and png.stat().st_size > 1000
+
+
+def test_make_entry_records_failures(tmp_path):
+    shape = _shape(K=32, V=32, dtype="float32")
+    space = at.build_space("gram", 32, 32, "float32")
+
+    def fn(p):
+        if p["maxnreg"] == 64:
+            return {"status": "compile_error", "reason": "ptxas: too few registers", "time_us": None}
+        return {"status": "ok", "reason": "", "time_us": 10.0 + (p["maxnreg"] or 300) / 100}
+
+    res = at.search(space, at.per_candidate(fn), budget_s=1e9, exhaustive_max=0)
+    opts = at.TuneOptions(cache_dir=tmp_path)
+    entry = at.make_entry(ENV, at.Task("gram", "plain", "flag"), shape, "smoke", space, res, opts)
+    assert entry["search"]["failed"] >= 1
+    assert any(c["status"] == "compile_error" for c in entry["candidates"])
+    assert entry["best"]["time_us"] < entry["default"]["time_us"]
+    tuned.save_entry(tmp_path, entry)
+    assert tuned.tuned_config(shape, "flag", ENV, tmp_path)[1].startswith("tuned: gram[")
+
+
+# ----------------------------------------------------------------------------- CLI
+def _app():
+    from gdnbench.cli_autotune import register
+
+    app = typer.Typer(add_completion=False)
+
+    @app.callback()
+    def root():
+        """test app"""
+
+    register(app)
+    return app
+
+
+def test_dry_run_cli_prints_dimensions_and_counts():
+    r = CliRunner().invoke(_app(), ["autotune", "--dry-run", "--shapes", "smoke", "--kernels", "gram,state",
+                                    "--routes", "flag"], env={"COLUMNS": "200"})
+    assert r.exit_code == 0, r.output
+    assert "gram variant=plain route=flag K32_V32_H2_HV4_float32_fixed_T256" in r.output
+    assert "maxnreg: none,64..248 step 8" in r.output and "num_warps: 1,2,4,8,16" in r.output
+    assert "candidates" in r.output and "valid" in r.output
+    assert "kda shape(s) left out" in r.output
+
+
+@pytest.mark.parametrize("args, words", [
+    (["--kernels", "nope"], "unknown value 'nope'"),
+    (["--routes", "sideways"], "unknown value 'sideways'"),
+    (["--family", "mamba"], "--family"),
+    (["--shapes", "no-such-set"], "no shape set 'no-such-set'"),
+    (["--device", "tpu"], "--device"),
+    (["--nproc-per-node", "0"], "--nproc-per-node"),
+])
+def test_bad_input_is_one_line_exit_2(args, words):
+    r = CliRunner().invoke(_app(), ["autotune", "--dry-run", *args], env={"COLUMNS": "200"})
+    assert r.exit_code == 2 and words in r.output and "Traceback" not in r.output
+
+
+def test_kda_family_is_a_clear_message():
+    r = CliRunner().invoke(_app(), ["autotune", "--family", "kda"])
+    assert r.exit_code == 0 and "no kda kernels yet" in r.output
+
+
+def test_config_label_default_on_cpu():
+    from gdnbench.backends import get
+
+    b = get("gdnbench")
+    assert b.config_label(_shape(), "flag", "cpu") == "default"
+    assert get("reference").config_label(_shape(), "flag", "cpu") == "default"
+
+
+class _ScriptClient(at.WorkerClient):
+    """A WorkerClient whose worker is a tiny script: hello, then it dies on the second request."""
+
+    SCRIPT = ("import sys, json, os\n"
+              "print(json.dumps({'hello': True, 'env': {'gpu': 'fake'}}), flush=True)\n"
+              "for n, line in enumerate(sys.stdin):\n"
+              "    if n == 1:\n"
+              "        sys.stderr.write('an illegal memory access was encountered\\n'); sys.stderr.flush(); os._exit(17)\n"
+              "    print(json.dumps({'status': 'ok', 'reason': '', 'time_us': 1.0}), flush=True)\n")
+
+    def _start(self):
+        import subprocess
+        import sys
+
+        self._buf = b""
+        self.proc = subprocess.Popen([sys.executable, "-c", self.SCRIPT], stdin=subprocess.PIPE,
+                                     stdout=subprocess.PIPE, stderr=self._err, bufsize=0)
+        self.env = self._read(30)["env"]
+
+
+def test_crashing_worker_costs_one_candidate_and_restarts():
+    client = _ScriptClient({}, "cpu", timeout_s=30)
+    try:
+        results, _ = at.per_candidate(lambda p: client.evaluate("gram", "flag", p))([{"i": i} for i in range(4)])
+    finally:
+        client.close()
+    assert [r["status"] for r in results] == ["ok", "crashed", "ok", "crashed"]
+    assert "exit code 17" in results[1]["reason"] and "illegal memory access" in results[1]["reason"]
