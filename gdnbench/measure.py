@@ -69,7 +69,7 @@ def measure_shape(shape: Shape, backends: list[Backend], routes: list[str], mode
         ready: dict[tuple[str, str], dict] = {}
         for b, r in active:
             info = {"backend_version": b.version(), "variant": b.variant(shape, r),
-                    "config": b.config_label(shape, r, device) if hasattr(b, "config_label") else "default"}
+                    "config": b.config_label(shape, r, device)}
             try:
                 fn = b.prepare(shape, r, full)
                 first_ms, out = timing.first_call_ms(fn)

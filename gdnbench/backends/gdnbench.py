@@ -16,6 +16,9 @@ class GdnbenchBackend(Backend):
     families = ("gdn",)
     devices = ("cuda", "cpu")
 
+    def __init__(self):
+        self._resolved: dict = {}
+
     def is_available(self):
         try:
             from .. import ops  # noqa: F401
@@ -39,16 +42,22 @@ class GdnbenchBackend(Backend):
         return YES
 
     def variant(self, shape, route):
-        return f"gdnbench.ops.chunk_gdn norm={'none' if route == 'explicit' else route} (launch config: row.config)"
+        return f"gdnbench.ops.chunk_gdn norm={'none' if route == 'explicit' else route}"
 
     def _config(self, shape, route, device):
-        """(GDNConfig or None for the built-in default, label): the autotune cache's config on CUDA."""
+        """(GDNConfig or None for the built-in default, label): the autotune cache's config on CUDA.
+
+        Resolved once per (shape id, route): the gate's shortened copy of a shape must run the
+        config that the full shape is timed with, though its token count keys another entry."""
         if device != "cuda":
             return None, "default"
-        from ..tuned import device_env, tuned_config
+        key = (shape.id, route)
+        if key not in self._resolved:
+            from ..tuned import device_env, tuned_config
 
-        cfg, label = tuned_config(shape, route, device_env())
-        return (cfg if label != "default" else None), label
+            cfg, label = tuned_config(shape, route, device_env())
+            self._resolved[key] = ((cfg if label != "default" else None), label)
+        return self._resolved[key]
 
     def config_label(self, shape, route, device):
         return self._config(shape, route, device)[1]
