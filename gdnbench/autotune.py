@@ -893,12 +893,9 @@ def chart(entry: dict, out: str | Path) -> Path:
                  fontsize=9)
     ax.legend(fontsize=8)
     ax.grid(alpha=0.3)
-    fig.tight_layout()
-    out = Path(out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(out, dpi=110)
-    plt.close(fig)
-    return out
+    from .plot import save_figure
+
+    return save_figure(fig, out)
 
 
 if __name__ == "__main__":

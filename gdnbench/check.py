@@ -15,8 +15,12 @@ from __future__ import annotations
 
 import math
 from dataclasses import asdict, dataclass
+from typing import TYPE_CHECKING
 
 from .shapes import Shape
+
+if TYPE_CHECKING:
+    import torch
 
 BUDGET_FACTOR = 2.0
 BUDGET_FLOOR = 1e-7  # a budget of exactly zero (e.g. all-zero data) would reject exact answers

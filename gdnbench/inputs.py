@@ -13,8 +13,12 @@ states fp32 [N,HV,K,V]; packed shapes have B=1 and int64 cu_seqlens [N+1].
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from .shapes import Shape
+
+if TYPE_CHECKING:
+    import torch
 
 DTYPES = {"bfloat16": "bfloat16", "float16": "float16", "float32": "float32"}
 

@@ -56,6 +56,13 @@ def plot(doc: dict, out: str | Path, kind: str = "gpu", baseline: str | None = N
         ax_r.grid(axis="y", alpha=0.3)
     ax_r.set_xticks(range(len(shapes)))
     ax_r.set_xticklabels(shapes, rotation=20, ha="right", fontsize=9)
+    return save_figure(fig, out)
+
+
+def save_figure(fig, out: str | Path) -> Path:
+    """Lay out, write as PNG (parents created) and close a matplotlib figure."""
+    import matplotlib.pyplot as plt
+
     fig.tight_layout()
     out = Path(out)
     out.parent.mkdir(parents=True, exist_ok=True)

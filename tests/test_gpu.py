@@ -2,7 +2,7 @@
 
 import pytest
 
-from gdnbench import backends, shapes
+from gdnbench import backends
 from gdnbench.runner import run_set
 from gdnbench.shapes import Shape, ShapeSet
 from gdnbench.timing import TimingParams

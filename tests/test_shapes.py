@@ -1,7 +1,5 @@
 import json
 import shutil
-from pathlib import Path
-
 import pytest
 
 from gdnbench import shapes as shp
