@@ -30,10 +30,9 @@ def _helion():
 
 
 def _flashinfer():
-    from .planned import PlannedBackend
+    from .flashinfer import FlashinferBackend
 
-    return PlannedBackend("flashinfer", "flashinfer-python", ("explicit", "flag"),
-                          "adapter not written yet (issue #6)")
+    return FlashinferBackend()
 
 
 REGISTRY = {

@@ -1,0 +1,284 @@
+"""FlashInfer (flashinfer-python): GDN prefill `chunk_gated_delta_rule`, KDA `recurrent_kda`.
+
+GDN, `flashinfer.gdn_prefill.chunk_gated_delta_rule(q, k, v, g=None, beta=None, scale=None,
+initial_state=None, output_final_state=False, cu_seqlens=None, use_qk_l2norm_in_kernel=False, ...)`
+(read in flashinfer-ai/flashinfer, flashinfer/gdn_prefill.py, up to 0.6.18):
+- packed varlen only: q, k [T, H, D], v [T, HV, D], one head size D for q/k/v, cu_seqlens
+  [N+1] of an integer dtype (documented int64; cast inside to int32 on SM100, int64 on SM90/SM120);
+- g is the LINEAR decay alpha = exp(our log-space g), g and beta fp32 [T, max(H, HV)];
+- initial and final state fp32 [N, HV, V, K] (the transpose of our [N, HV, K, V]);
+- GVA (HV a multiple of H, q/k heads equal) is native: value head i reads q/k head i // (HV/H),
+  as FLA and our reference do (FlashInfer's tests expand q/k with repeat_interleave), so q/k
+  are passed un-expanded;
+- SM90, SM100/SM103 (torch built for CUDA >= 13), SM120; head size 128; fp16/bf16 q/k/v.
+- `use_qk_l2norm_in_kernel` is accepted but not used by the prefill paths up to 0.6.18
+  (flashinfer PR #5255 adds it); route `flag` passes it and lets the gate judge the result.
+
+KDA, `flashinfer.kda.recurrent_kda(q, k, v, g, beta, A_log=None, dt_bias=None, scale=None,
+initial_state=None, output_final_state=False, use_qk_l2norm_in_kernel=True,
+use_gate_in_kernel=False, lower_bound=None, cu_seqlens=None, ..., beta_is_logit=False, ...)`
+(flashinfer/kda.py): Blackwell only. Its prefill kernels (FlashKDA / CuTe DSL) take exactly the
+legacy-six harness contract: bf16 [B,T,H,128] q/k/v, a RAW bf16 gate computed in-kernel as
+lower_bound * sigmoid(exp(A_log) * (g + dt_bias)), beta as a bf16 logit, in-kernel q/k l2norm,
+H == HV, bf16 state [N, HV, V, K] updated in place. Our inputs carry the computed gate, so
+prepare() inverts it (A_log = 0, dt_bias = 0, raw g = logit(g / lower_bound)); only route `flag`
+exists (the contract requires the in-kernel l2norm).
+
+All layout, gate and state conversion is done in prepare(), outside the timed closure; the closure
+calls FlashInfer and returns views of its outputs in our layout (o [B,T,HV,V], state [N,HV,K,V]
+as a transposed view). Exceptions, said where they are: the explicit route's l2norm (the route's
+own work, timed as for FLA) and, for KDA, restoring the in-place-updated initial state.
+"""
+
+from __future__ import annotations
+
+from .base import YES, Backend, no
+from .fla import _dist_version
+
+DIST = "flashinfer-python"
+HEAD_SIZE = 128
+GDN_ARCHS = "SM90, SM100/SM103 or SM120"
+KDA_ARCHS = "SM100/SM103/SM120"
+
+
+# ----------------------------------------------------------------------------- environment probes
+# Module-level so tests can replace them.
+def _cuda_available() -> bool:
+    import torch
+
+    return torch.cuda.is_available()
+
+
+def _capability() -> tuple[int, int]:
+    import torch
+
+    return tuple(torch.cuda.get_device_capability())
+
+
+def _torch_cuda_major() -> int:
+    import torch
+
+    return int(torch.version.cuda.split(".")[0]) if torch.version.cuda else 0
+
+
+def _gdn_op():
+    # from the submodule: the top-level `flashinfer.chunk_gated_delta_rule` export can vanish
+    from flashinfer.gdn_prefill import chunk_gated_delta_rule
+
+    return chunk_gated_delta_rule
+
+
+def _kda_op():
+    try:
+        from flashinfer.kda import recurrent_kda
+    except ImportError:  # older layouts kept it in kda_decode
+        from flashinfer.kda_decode import recurrent_kda
+    return recurrent_kda
+
+
+def _one_line(prefix: str, e: BaseException) -> str:
+    lines = f"{type(e).__name__}: {e}".strip().splitlines()
+    return f"{prefix}: {lines[0] if lines else type(e).__name__}"[:300]
+
+
+def _caller_l2norm(x):
+    """The explicit route's l2norm (FLA semantics: x / sqrt(sum x^2 + 1e-6) in fp32, cast back):
+    our Triton kernel on CUDA, the torch reference elsewhere."""
+    if x.is_cuda:
+        from ..ops import l2norm
+
+        return l2norm(x)
+    from ..reference import l2norm
+
+    return l2norm(x)
+
+
+# ----------------------------------------------------------------------------- pure conversions
+def _batch_tokens(shape) -> tuple[int, int]:
+    return (1, shape.tokens) if shape.varlen else (shape.B, shape.lens[0])
+
+
+def _cu_seqlens(inputs, shape, dtype):
+    import torch
+
+    if inputs.cu_seqlens is not None:
+        return inputs.cu_seqlens.to(dtype).contiguous()
+    B, T = _batch_tokens(shape)
+    return torch.arange(0, (B + 1) * T, T, dtype=dtype, device=inputs.q.device)
+
+
+def to_flashinfer(inputs, shape, cu_dtype=None) -> dict:
+    """Our inputs -> chunk_gated_delta_rule's keyword arguments (everything but the l2norm flag).
+
+    [B,T,H,K] -> packed [B*T,H,K] (a view for contiguous inputs); fixed-length B>1 gets
+    cu_seqlens [0, T, 2T, ..., B*T]; g -> exp(g) fp32 [B*T, HV]; beta -> fp32 [B*T, HV];
+    initial state [N,HV,K,V] -> contiguous fp32 [N,HV,V,K]."""
+    import torch
+
+    B, T = _batch_tokens(shape)
+    tok = B * T
+
+    def pack(x):
+        return x.reshape(tok, *x.shape[2:]).contiguous()
+
+    h0 = inputs.initial_state
+    return dict(
+        q=pack(inputs.q), k=pack(inputs.k), v=pack(inputs.v),
+        g=pack(torch.exp(inputs.g.float())), beta=pack(inputs.beta.float()),
+        scale=inputs.scale,
+        initial_state=None if h0 is None else h0.float().transpose(-1, -2).contiguous(),
+        output_final_state=True,
+        cu_seqlens=_cu_seqlens(inputs, shape, cu_dtype or torch.int64),
+    )
+
+
+def from_flashinfer(o, state, shape):
+    """FlashInfer's (o [B*T,HV,V], state [N,HV,V,K]) -> ours (o [B,T,HV,V], state [N,HV,K,V]), views only."""
+    B, T = _batch_tokens(shape)
+    o = o.view(B, T, *o.shape[1:])
+    return o, (None if state is None else state.transpose(-1, -2))
+
+
+def to_flashinfer_kda(inputs, shape) -> dict:
+    """Our KDA inputs -> recurrent_kda's frozen-prefill contract (raw in-kernel gate, beta logit).
+
+    Our g = lower_bound * sigmoid(z) is handed over as the raw gate z = logit(g / lower_bound)
+    with A_log = 0 and dt_bias = 0 (so exp(A_log) * (z + dt_bias) = z); beta -> logit(beta);
+    all bf16, layout kept ([B,T,...] fixed, [1,T,...] + int64 cu_seqlens packed); the initial
+    state -> bf16 [N,HV,V,K] (FlashInfer updates it in place: the caller keeps this as the
+    pristine copy)."""
+    import torch
+
+    lb = float(inputs.lower_bound)
+    bf = torch.bfloat16
+    HV, K = inputs.g.shape[2], inputs.g.shape[3]
+    dev = inputs.q.device
+    ratio = (inputs.g.double() / lb).clamp(1e-12, 1 - 1e-12)  # g in [lb, 0): ratio in (0, 1]
+    raw_g = torch.logit(ratio).to(bf).contiguous()
+    beta_logit = torch.logit(inputs.beta.double().clamp(1e-12, 1 - 1e-12)).to(bf).contiguous()
+    h0 = inputs.initial_state
+    kw = dict(
+        q=inputs.q.contiguous(), k=inputs.k.contiguous(), v=inputs.v.contiguous(),
+        g=raw_g, beta=beta_logit,
+        A_log=torch.zeros(HV, dtype=torch.float32, device=dev),
+        dt_bias=torch.zeros(HV * K, dtype=torch.float32, device=dev),
+        scale=inputs.scale,
+        initial_state=None if h0 is None else h0.to(bf).transpose(-1, -2).contiguous(),
+        output_final_state=True,
+        use_qk_l2norm_in_kernel=True, use_gate_in_kernel=True, lower_bound=lb, beta_is_logit=True,
+    )
+    if inputs.cu_seqlens is not None:
+        kw["cu_seqlens"] = inputs.cu_seqlens.to(torch.int64).contiguous()
+    return kw
+
+
+def from_flashinfer_kda(o, state):
+    """recurrent_kda's (o [B,T,HV,V], state [N,HV,V,K] bf16) -> ours, views only."""
+    return o, (None if state is None else state.transpose(-1, -2))
+
+
+# ----------------------------------------------------------------------------- the adapter
+class FlashinferBackend(Backend):
+    name = "flashinfer"
+    routes = ("explicit", "flag")
+    families = ("gdn", "kda")
+    devices = ("cuda",)
+
+    def is_available(self):
+        try:
+            _gdn_op()
+        except ModuleNotFoundError as e:
+            if (e.name or "").split(".")[0] == "flashinfer" and self.version() is None:
+                return no(f"{DIST} is not installed (pip install {DIST})")
+            return no(_one_line("import flashinfer.gdn_prefill failed", e))
+        except Exception as e:  # JIT / CUDA / cutlass-dsl import problems
+            return no(_one_line("import flashinfer.gdn_prefill failed", e))
+        if not _cuda_available():
+            return no("no CUDA device (flashinfer runs on CUDA only)")
+        return YES
+
+    def version(self):
+        return _dist_version(DIST)
+
+    def supports(self, shape, route, mode, device):
+        base = super().supports(shape, route, mode, device)
+        if not base:
+            return base
+        if shape.K != HEAD_SIZE or shape.V != HEAD_SIZE:
+            return no(f"K={shape.K}, V={shape.V}: flashinfer's {shape.family} kernels take head size 128 only")
+        major, minor = _capability()
+        sm = f"sm{major}{minor}"
+        if shape.family == "gdn":
+            if shape.dtype not in ("bfloat16", "float16"):
+                return no(f"dtype {shape.dtype}: chunk_gated_delta_rule takes fp16/bf16 q/k/v only")
+            if shape.HV % shape.H:
+                return no(f"H={shape.H}, HV={shape.HV}: GVA needs HV a multiple of H")
+            if major == 10 and _torch_cuda_major() < 13:
+                return no(f"GDN prefill on {sm} (Blackwell) needs torch built for CUDA >= 13 "
+                          f"(torch has CUDA {_torch_cuda_major()})")
+            if major not in (9, 10, 12):
+                return no(f"GDN prefill needs {GDN_ARCHS}; this GPU is {sm}")
+            return YES
+        # kda
+        if major not in (10, 12):
+            return no(f"recurrent_kda is Blackwell only ({KDA_ARCHS}); this GPU is {sm}")
+        if route != "flag":
+            return no("recurrent_kda's prefill contract normalizes q/k in-kernel: route 'flag' only")
+        if shape.dtype != "bfloat16":
+            return no(f"dtype {shape.dtype}: recurrent_kda takes bf16 only")
+        if shape.HV != shape.H:
+            return no(f"H={shape.H}, HV={shape.HV}: recurrent_kda's prefill contract needs HV == H")
+        if shape.lower_bound is None:
+            return no("recurrent_kda's prefill gate needs a lower_bound")
+        try:
+            _kda_op()
+        except Exception as e:
+            return no(_one_line("flashinfer has no recurrent_kda", e))
+        return YES
+
+    def variant(self, shape, route):
+        v = f"flashinfer {self.version()}"
+        if shape.family == "kda":
+            return (f"{v} recurrent_kda(use_gate_in_kernel, beta_is_logit, lower_bound, in-kernel l2norm) "
+                    "on our gate inverted to raw z=logit(g/lb), A_log=0, dt_bias=0 (bf16 gate/beta/state)")
+        how = ("caller l2norm (gdnbench.ops.l2norm), use_qk_l2norm_in_kernel=False" if route == "explicit"
+               else "use_qk_l2norm_in_kernel=True (ignored by prefill up to 0.6.18, flashinfer PR #5255)")
+        return f"{v} gdn_prefill.chunk_gated_delta_rule packed [T,H,D] + cu_seqlens, exp(g), native GVA, {how}"
+
+    def prepare(self, shape, route, inputs):
+        if shape.family == "kda":
+            return self._prepare_kda(shape, route, inputs)
+        import torch
+
+        op = _gdn_op()
+        # the dtype each architecture's kernel reads (older releases cast per call otherwise)
+        cu_dtype = torch.int64
+        if inputs.q.is_cuda and _capability()[0] == 10:
+            cu_dtype = torch.int32
+        kw = to_flashinfer(inputs, shape, cu_dtype=cu_dtype)
+        q, k = kw.pop("q"), kw.pop("k")
+
+        if route == "explicit":
+            def call():
+                o, s = op(q=_caller_l2norm(q), k=_caller_l2norm(k), use_qk_l2norm_in_kernel=False, **kw)
+                return from_flashinfer(o, s, shape)
+        else:
+            def call():
+                o, s = op(q=q, k=k, use_qk_l2norm_in_kernel=True, **kw)
+                return from_flashinfer(o, s, shape)
+        return call
+
+    def _prepare_kda(self, shape, route, inputs):
+        op = _kda_op()
+        kw = to_flashinfer_kda(inputs, shape)
+        pristine = kw.pop("initial_state")
+        work = None if pristine is None else pristine.clone()
+
+        def call():
+            if work is not None:
+                # unavoidable in the timed region: recurrent_kda updates initial_state in place,
+                # and every call (first call, gate, timing) must start from the same state
+                work.copy_(pristine)
+            out = op(initial_state=work, **kw)
+            return from_flashinfer_kda(out[0], out[1])
+        return call
