@@ -41,8 +41,11 @@ def _fail(msg: str, code: int = EXIT_BAD_INPUT):
 
 def _domain_errors():
     from .backends import UnknownBackend
+    from .calibrate import CalibrationError
+    from .roofline import RooflineError
 
-    return (shp.ShapeError, ResultsError, rep.CompareError, UnknownBackend, UsageError)
+    return (shp.ShapeError, ResultsError, rep.CompareError, UnknownBackend, UsageError, CalibrationError,
+            RooflineError)
 
 
 @contextmanager
@@ -197,11 +200,47 @@ def report(
     with _bad_input_exits():
         doc = results.load(file)
         pairs = rep.standard_pairs(doc) + _split(pair) if pair else None
-        tables = rep.report_tables(doc, baseline, pairs)
+        tables = rep.report_tables(doc, baseline, pairs) + _roofline_tables(doc)
     _print_tables(tables)
     if markdown:
         markdown.write_text(rep.to_markdown(tables))
         console.print(f"[green]wrote[/green] {markdown}")
+
+
+def _calibration_for(doc: dict, file) -> dict:
+    from .calibrate import load_for_doc
+
+    calib = load_for_doc(doc)
+    if calib is None:
+        raise UsageError(f"{file}: no calibration for its GPU; run `gdnbench calibrate` there first")
+    return calib
+
+
+def _roofline_tables(doc: dict) -> list:
+    """The distance of each row to its roofline floor, when the run's GPU has a calibration."""
+    from . import calibrate
+    from .roofline import roofline_table
+
+    calib = calibrate.load_for_doc(doc)
+    if calib is None:
+        gpu = (doc.get("env", {}).get("gpu") or {}).get("name")
+        if not gpu:
+            return []
+        return [rep.Table("roofline", ["note"], [[f"no calibration for {gpu}: run `gdnbench calibrate` on it"]])]
+    return [rep.Table(*roofline_table(doc, calib))]
+
+
+@app.command()
+def calibrate():
+    """Measure this GPU's copy bandwidth and bf16 matmul rate for the roofline (results/<gpu>/calibration.json)."""
+    from . import calibrate as cal
+
+    try:
+        calib = cal.measure()
+    except cal.NoCudaError as e:
+        _fail(str(e), EXIT_NO_DEVICE)
+    path = cal.save(calib)
+    console.print(f"{cal.summary(calib)}\n[green]wrote[/green] {path}")
 
 
 @app.command()
@@ -227,8 +266,9 @@ def plot(
     out: Path = typer.Option(..., "--out", "-o", help="PNG path."),
     kind: str = typer.Option("gpu", help="gpu or wall time for the bars."),
     baseline: Optional[str] = typer.Option(None, help="backend:route for the ratio panel."),
+    roofline: bool = typer.Option(False, help="Chart each shape's best route as a fraction of its roofline floor."),
 ):
-    """Grouped bars of time per shape for each backend:route, with a ratio panel."""
+    """Grouped bars of time per shape for each backend:route, with a ratio panel (or --roofline)."""
     from . import results
     from .plot import plot as draw
 
@@ -236,8 +276,14 @@ def plot(
         _fail(f"--kind {kind!r}: use gpu or wall")
     with _bad_input_exits():
         doc = results.load(file)
+        calib = _calibration_for(doc, file) if roofline else None
     try:
-        path = draw(doc, out, kind, baseline)
+        if calib is not None:
+            from .roofline import roofline_chart
+
+            path = roofline_chart(doc, calib, out, kind)
+        else:
+            path = draw(doc, out, kind, baseline)
     except ValueError as e:  # nothing to plot
         _fail(f"{file}: {e}")
     console.print(f"[green]wrote[/green] {path}")
