@@ -14,10 +14,11 @@ finds it again by GPU name. No torch import at module load.
 from __future__ import annotations
 
 import datetime as _dt
-import json
 import re
 import statistics
 from pathlib import Path
+
+from .results import read_json, write_atomic
 
 CALIB_SCHEMA = 1
 CALIB_FILE = "calibration.json"
@@ -133,8 +134,6 @@ def _gpu_name(calib: dict) -> str:
 
 def save(calib: dict, path: str | Path | None = None) -> Path:
     """Write a calibration (atomically); default results/<gpu-slug>/calibration.json. Returns the path."""
-    from .results import write_atomic
-
     return write_atomic(calib, Path(path) if path else default_path(_gpu_name(calib)))
 
 
@@ -149,15 +148,7 @@ def _check(calib, p: str) -> dict:
 
 
 def load(path: str | Path) -> dict:
-    p = str(path)
-    try:
-        with open(path) as fh:
-            calib = json.load(fh)
-    except FileNotFoundError:
-        raise CalibrationError(f"{p}: no such calibration file") from None
-    except json.JSONDecodeError as e:
-        raise CalibrationError(f"{p}: not valid JSON ({e.msg} at line {e.lineno})") from None
-    return _check(calib, p)
+    return _check(read_json(path, CalibrationError, "calibration file"), str(path))
 
 
 def load_for(gpu_name: str, directory: str | Path | None = None) -> dict | None:

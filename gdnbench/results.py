@@ -155,15 +155,20 @@ def write_atomic(doc: dict, path: Path) -> Path:
     return path
 
 
-def load(path: str | Path) -> dict:
-    p = str(path)
+def read_json(path: str | Path, error: type[ValueError], what: str):
+    """A JSON file's content; a missing or malformed file raises `error` with a one-line message."""
     try:
         with open(path) as fh:
-            doc = json.load(fh)
+            return json.load(fh)
     except FileNotFoundError:
-        raise ResultsError(f"{p}: no such results file") from None
+        raise error(f"{path}: no such {what}") from None
     except json.JSONDecodeError as e:
-        raise ResultsError(f"{p}: not valid JSON ({e.msg} at line {e.lineno})") from None
+        raise error(f"{path}: not valid JSON ({e.msg} at line {e.lineno})") from None
+
+
+def load(path: str | Path) -> dict:
+    p = str(path)
+    doc = read_json(path, ResultsError, "results file")
     if not isinstance(doc, dict) or "schema_version" not in doc:
         raise ResultsError(f"{p}: not a gdnbench results file (no schema_version)")
     if doc["schema_version"] != SCHEMA_VERSION:
