@@ -75,15 +75,19 @@ def run(
                                                 "(default: the contract sets on CUDA, smoke on the CPU)."),
     backends: Optional[list[str]] = typer.Option(None, "--backends", "-b", help="Comma-separated backends "
                                                   "(default: all but reference on CUDA; reference,gdnbench on the CPU)."),
-    routes: Optional[list[str]] = typer.Option(None, "--routes", "-r", help="Comma-separated routes (default: all)."),
+    routes: Optional[list[str]] = typer.Option(None, "--routes", "-r", help="Comma-separated routes (default: the "
+                                                "mode's: explicit,flag,fused_q,fused_qk for fwd; explicit,flag,"
+                                                "megatron,megatron_flag for fwd_bwd)."),
     shape_ids: Optional[list[str]] = typer.Option(None, "--shape-id", help="Only these shape ids."),
-    mode: str = typer.Option("fwd", help="fwd (fwd_bwd and decode are planned)."),
+    mode: str = typer.Option("fwd", help="fwd, or fwd_bwd: forward + backward with a gradient gate, "
+                                          "saved/peak bytes (decode is planned)."),
     device: str = typer.Option("auto", help="auto, cuda or cpu."),
     out: Optional[Path] = typer.Option(None, "--out", "-o", help="Results file (one set) or directory."),
     l2: str = typer.Option("warm", help="warm, or cold: flush L2 before each timed call."),
     warmup: int = typer.Option(10, min=0), rounds: int = typer.Option(5, min=1),
     iters: int = typer.Option(20, min=1, help="Timed calls per route per round."),
-    check_tokens: Optional[int] = typer.Option(None, help="Oracle length cap (default 8192 on CUDA, 1024 on CPU)."),
+    check_tokens: Optional[int] = typer.Option(None, help="Oracle length cap (default 8192 on CUDA, 1024 on CPU "
+                                                "and in fwd_bwd mode)."),
     isolate: bool = typer.Option(True, help="Run each shape in a worker subprocess (crash isolation)."),
     plot_chart: bool = typer.Option(True, "--plot/--no-plot", help="Write a PNG chart next to each results file."),
     worker_timeout: float = typer.Option(1800, help="Seconds before a shape's worker is killed."),
@@ -117,10 +121,10 @@ def _run(shapes, backends, routes, shape_ids, mode, device, out, l2, warmup, rou
         raise UsageError(f"--l2 {l2!r}: use warm or cold")
     if mode not in registry.MODES:
         raise UsageError(f"--mode {mode!r}: implemented modes are {', '.join(registry.MODES)}")
-    routes_l = _split(routes) or list(registry.ROUTES)
+    routes_l = _split(routes) or list(registry.ROUTES_BY_MODE[mode])
     for r in routes_l:
-        if r not in registry.ROUTES:
-            raise UsageError(f"--routes: unknown route {r!r} (known: {', '.join(registry.ROUTES)})")
+        if r not in registry.ALL_ROUTES:
+            raise UsageError(f"--routes: unknown route {r!r} (known: {', '.join(registry.ALL_ROUTES)})")
     device = _resolve_device(device)
     set_names = _split(shapes) or (list(CONTRACT_SETS) if device == "cuda" else ["smoke"])
     sets = [shp.load(n) for n in set_names]
@@ -129,7 +133,8 @@ def _run(shapes, backends, routes, shape_ids, mode, device, out, l2, warmup, rou
         registry.get(b)  # unknown names fail here, before anything runs
     if device == "cpu":
         warmup, rounds, iters = min(warmup, 1), min(rounds, 2), min(iters, 2)
-    check_tokens = check_tokens or (8192 if device == "cuda" else 1024)
+    # fwd_bwd: the fp64 oracle's autograd keeps ~2 states [N,HV,K,V] per token, hence the shorter default
+    check_tokens = check_tokens or (8192 if device == "cuda" and mode == "fwd" else 1024)
     params = TimingParams(warmup=warmup, rounds=rounds, iters=iters, l2=l2)
     if out is not None and len(sets) > 1 and out.suffix == ".json":
         raise UsageError(f"--out {out}: several shape sets write several files; give a directory")
@@ -156,7 +161,7 @@ def _run(shapes, backends, routes, shape_ids, mode, device, out, l2, warmup, rou
         if plot_chart and any(r["status"] == "ok" for r in rows):
             from .plot import plot
 
-            console.print(f"[green]chart[/green] {plot(doc, Path(written).with_suffix('.png'))}")
+            console.print(f"[green]chart[/green] {plot(doc, Path(written).with_suffix('.png'), mode=mode)}")
         if interrupted:
             _fail(f"{interrupted}; the {len(rows)} rows measured so far were written to {written}",
                   130 if interrupted == "interrupted" else 1)
@@ -193,14 +198,19 @@ def report(
     baseline: Optional[str] = typer.Option(None, help="backend:route the ratios divide by (default fla:explicit)."),
     pair: Optional[list[str]] = typer.Option(None, "--pair", help="Extra geomean pair NUM/DEN, e.g. gdnbench:best/fla:flag."),
     markdown: Optional[Path] = typer.Option(None, help="Also write the tables as markdown."),
+    mode: Optional[str] = typer.Option(None, help="Which rows: fwd or fwd_bwd (default: the file's run mode)."),
 ):
     """Tables per shape, ratios to a baseline, geomean ratios with counts and exclusions."""
     from . import results
 
     with _bad_input_exits():
         doc = results.load(file)
-        pairs = rep.standard_pairs(doc) + _split(pair) if pair else None
-        tables = rep.report_tables(doc, baseline, pairs) + _roofline_tables(doc)
+        mode = mode or rep.run_mode(doc)
+        if mode not in rep.MODES:
+            raise UsageError(f"--mode {mode!r}: use {' or '.join(rep.MODES)}")
+        pairs = rep.standard_pairs(rep.rows_of_mode(doc, mode)) + _split(pair) if pair else None
+        tables = rep.report_tables(doc, baseline, pairs, mode)
+        tables += _roofline_tables(doc) if mode == "fwd" else []
     _print_tables(tables)
     if markdown:
         markdown.write_text(rep.to_markdown(tables))

@@ -8,6 +8,7 @@ gate's figures, no times) or `ok` (gate figures and both times).
 from __future__ import annotations
 
 import traceback
+from types import SimpleNamespace
 from typing import Callable
 
 from . import timing
@@ -40,11 +41,26 @@ def _finite(out) -> bool:
     return all(t is None or bool(torch.isfinite(t).all()) for t in out[:2])
 
 
+def _mode_ops(mode: str) -> SimpleNamespace:
+    """What differs between modes: the timed closure, the oracle, the gate, the finiteness check
+    and the fields a passing row adds. The rest of a row's life is the same for every mode."""
+    if mode == "fwd_bwd":
+        from . import train
+
+        return SimpleNamespace(prepare=train.prepare_step, oracle=train.build_grad_oracle, judge=train.judge_step,
+                               finite=train.finite, extras=train.row_extras,
+                               nan_reason="NaN/Inf in the output or gradients on the full input")
+    from .check import build_oracle, judge
+
+    return SimpleNamespace(prepare=lambda b, shape, r, inputs: b.prepare(shape, r, inputs), oracle=build_oracle,
+                           judge=lambda oracle, out: judge(oracle, out[0], out[1]), finite=_finite,
+                           extras=lambda fn, device: {}, nan_reason="NaN/Inf in the output on the full input")
+
+
 def measure_shape(shape: Shape, backends: list[Backend], routes: list[str], mode: str, device: str,
                   check_tokens: int, params: timing.TimingParams, emit: Callable[[dict], None]) -> None:
     import torch
 
-    from .check import build_oracle, judge
     from .inputs import make_inputs
 
     active: list[tuple[Backend, str]] = []
@@ -60,32 +76,32 @@ def measure_shape(shape: Shape, backends: list[Backend], routes: list[str], mode
     if not active:
         return
 
+    ops = _mode_ops(mode)
     with torch.no_grad():
         full = make_inputs(shape, device)
         check_shape = shape.shortened(check_tokens)
         small = full if check_shape is shape else make_inputs(check_shape, device)
-        oracle = build_oracle(check_shape, small, shape)
+        oracle = ops.oracle(check_shape, small, shape)
 
         ready: dict[tuple[str, str], dict] = {}
         for b, r in active:
             info = {"backend_version": b.version(), "variant": b.variant(shape, r),
                     "config": b.config_label(shape, r, device)}
             try:
-                fn = b.prepare(shape, r, full)
+                fn = ops.prepare(b, shape, r, full)
                 first_ms, out = timing.first_call_ms(fn)
-                if not _finite(out):
-                    emit(base_row(shape, b.name, r, mode, "incorrect", "NaN/Inf in the output on the full input",
-                                  first_call_ms=first_ms, **info))
+                if not ops.finite(out):
+                    emit(base_row(shape, b.name, r, mode, "incorrect", ops.nan_reason, first_call_ms=first_ms, **info))
                     continue
                 del out
-                check_fn = fn if small is full else b.prepare(check_shape, r, small)
-                o, s = check_fn()[:2]
-                verdict = judge(oracle, o, s)
-                del o, s, check_fn
+                check_fn = fn if small is full else ops.prepare(b, check_shape, r, small)
+                verdict = ops.judge(oracle, check_fn())
+                del check_fn
                 if not verdict.passed:
                     emit(base_row(shape, b.name, r, mode, "incorrect", verdict.reason, check=verdict.to_dict(),
                                   first_call_ms=first_ms, **info))
                     continue
+                info.update(ops.extras(fn, device))
                 ready[(b.name, r)] = {"fn": fn, "backend": b, "first_ms": first_ms, "verdict": verdict, "info": info}
             except Exception as e:  # a backend failure is data: record it and go on
                 emit(base_row(shape, b.name, r, mode, "error", _one_line(e), traceback=traceback.format_exc()[-2000:],

@@ -25,7 +25,12 @@ def l2norm(x: torch.Tensor, out_dtype: torch.dtype | None = None) -> torch.Tenso
 
 
 def round_to_tf32(x: torch.Tensor) -> torch.Tensor:
-    """Round fp32 values to tf32's 10-bit mantissa (nearest), as tensor cores read fp32 operands."""
+    """Round fp32 values to tf32's 10-bit mantissa (nearest), as tensor cores read fp32 operands.
+
+    Under autograd (the fwd_bwd gate's budget run) the rounding is straight-through: rounded
+    values, identity gradient, since the bit trick itself has no derivative."""
+    if x.requires_grad:
+        return x + (round_to_tf32(x.detach()) - x).detach()
     bits = x.contiguous().view(torch.int32)
     rounded = (bits + 0x1000) & ~0x1FFF
     return rounded.view(torch.float32)

@@ -13,6 +13,8 @@ import math
 from dataclasses import dataclass, field
 
 TIME_KINDS = ("wall", "gpu")
+MODES = ("fwd", "fwd_bwd")
+MB = 1e6
 
 
 class CompareError(ValueError):
@@ -53,6 +55,16 @@ def index_rows(doc: dict, mode: str = "fwd") -> dict[tuple[str, str, str], dict]
     return {(r["shape_id"], r["backend"], r["route"]): r for r in doc["rows"] if r.get("mode", "fwd") == mode}
 
 
+def run_mode(doc: dict) -> str:
+    """The mode the file was run in (files without one are forward runs)."""
+    return (doc.get("run") or {}).get("mode") or "fwd"
+
+
+def rows_of_mode(doc: dict, mode: str) -> dict:
+    """The document with only the rows of one mode: every table is about one mode."""
+    return {**doc, "rows": [r for r in doc["rows"] if r.get("mode", "fwd") == mode]}
+
+
 def shape_ids(doc: dict) -> list[str]:
     """Shapes that have rows, in the set's order."""
     have = {r["shape_id"] for r in doc["rows"]}
@@ -61,7 +73,7 @@ def shape_ids(doc: dict) -> list[str]:
 
 
 BACKEND_ORDER = ("fla", "gdnbench", "helion", "flashinfer", "reference")
-ROUTE_ORDER = ("explicit", "flag", "fused_q", "fused_qk")
+ROUTE_ORDER = ("explicit", "flag", "fused_q", "fused_qk", "megatron", "megatron_flag")
 
 
 def keys_present(doc: dict) -> list[tuple[str, str]]:
@@ -122,6 +134,8 @@ def standard_pairs(doc: dict) -> list[str]:
         for r in ("flag", "fused_q", "fused_qk"):
             if (b, r) in have and (b, "explicit") in have:
                 pairs.append(f"{b}:{r}/{b}:explicit")
+        if (b, "megatron_flag") in have and (b, "megatron") in have:
+            pairs.append(f"{b}:megatron_flag/{b}:megatron")
     ours = "gdnbench"
     for other in ("fla", "helion", "flashinfer"):
         if ours not in backends or other not in backends:
@@ -185,6 +199,7 @@ def time_table(doc: dict, mode: str = "fwd") -> Table:
     skipped = sorted({f"{r['backend']}:{r['route']}: {r['reason']}" for r in doc["rows"] if r["status"] == "skipped"})
     notes += [f"skipped {s}" for s in skipped]
     title = f"{doc['shape_set']['name']} v{doc['shape_set']['version']}: time per backend:route"
+    title += " (one forward + backward step)" if mode == "fwd_bwd" else ""
     return Table(title, ["shape"] + [f"{b}:{r}" for b, r in cols], rows, notes)
 
 
@@ -243,12 +258,67 @@ def spread_table(doc: dict, mode: str = "fwd") -> Table:
                  rows)
 
 
-def report_tables(doc: dict, baseline: str | None = None, pairs: list[str] | None = None) -> list[Table]:
+def grad_table(doc: dict) -> Table:
+    """fwd_bwd gate: each input gradient's rel-RMS error and budget."""
+    names = ("dq", "dk", "dv", "dg", "dbeta")
+    rows = []
+    for r in doc["rows"]:
+        grads = (r.get("check") or {}).get("grads")
+        if grads:
+            rows.append([r["shape_id"], f"{r['backend']}:{r['route']}", r["status"]]
+                        + [f"{grads[n]['err']:.1e} / {grads[n]['budget']:.1e}" if n in grads else "-" for n in names])
+    return Table("gradient gate (rel-RMS error / budget vs fp64 autograd; budget = 2 x error at storage precision)",
+                 ["shape", "backend:route", "status"] + list(names), rows)
+
+
+def _mb(x) -> str:
+    return "-" if x is None else f"{x / MB:.2f}"
+
+
+def saved_pair(doc: dict, pair: str) -> str | None:
+    """'NUM keeps X MB less than DEN ...': mean saved_bytes difference and geomean ratio over shapes
+    where both rows are ok; None when no shape has both."""
+    num, _, den = pair.partition("/")
+    idx = index_rows(doc, "fwd_bwd")
+    diffs, logs = [], []
+    for s in shape_ids(doc):
+        a, b = (idx.get((s, *side.split(":"))) for side in (num, den))
+        if a and b and a["status"] == b["status"] == "ok" and a.get("saved_bytes") and b.get("saved_bytes"):
+            diffs.append(b["saved_bytes"] - a["saved_bytes"])
+            logs.append(math.log(a["saved_bytes"] / b["saved_bytes"]))
+    if not diffs:
+        return None
+    d = sum(diffs) / len(diffs)
+    return (f"{num} keeps {abs(d) / MB:.2f} MB {'less' if d >= 0 else 'more'} than {den} for backward (mean per shape; "
+            f"saved_bytes ratio geomean {math.exp(sum(logs) / len(logs)):.3f} over {len(diffs)} shapes)")
+
+
+def memory_table(doc: dict) -> Table:
+    """fwd_bwd: bytes saved for backward, peak bytes of one step, determinism; the saved-bytes pairs as notes."""
+    rows = [[r["shape_id"], f"{r['backend']}:{r['route']}", r["status"], _mb(r.get("saved_bytes")),
+             _mb(r.get("peak_bytes")), str(r.get("deterministic", "-")).lower()]
+            for r in doc["rows"] if r["status"] != "skipped"]
+    backends = dict.fromkeys(b for b, _ in _columns(doc))
+    pairs = [f"{b}:{n}/{b}:{d}" for b in backends for n, d in (("megatron_flag", "megatron"), ("flag", "explicit"))]
+    notes = [t for t in (saved_pair(doc, p) for p in pairs) if t]
+    notes.append("saved = tensors autograd keeps for backward, once per storage; peak = CUDA peak of one "
+                 "fwd+bwd above what was allocated before (none on the CPU)")
+    return Table("memory per fwd+bwd step (MB)", ["shape", "backend:route", "status", "saved MB", "peak MB",
+                                                  "deterministic"], rows, notes)
+
+
+def report_tables(doc: dict, baseline: str | None = None, pairs: list[str] | None = None,
+                  mode: str | None = None) -> list[Table]:
+    """The tables of one mode's rows (default: the file's run mode)."""
+    mode = mode or run_mode(doc)
+    doc = rows_of_mode(doc, mode)
     base = baseline or default_baseline(doc)
-    tables = [time_table(doc)]
+    tables = [time_table(doc, mode)]
     if base:
-        tables.append(ratio_table(doc, base, kinds_present(doc)[-1]))
-    tables += [geomean_table(doc, pairs), check_table(doc), spread_table(doc)]
+        tables.append(ratio_table(doc, base, kinds_present(doc)[-1], mode))
+    tables += [geomean_table(doc, pairs, mode), check_table(doc, mode), spread_table(doc, mode)]
+    if mode == "fwd_bwd":
+        tables += [grad_table(doc), memory_table(doc)]
     return tables
 
 

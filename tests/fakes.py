@@ -83,3 +83,25 @@ class KdaOnlyFake(CorrectFake):
 
 
 __all__ = ["CorrectFake", "WrongFake", "NaNFake", "RaisingFake", "UnavailableFake", "CrashingFake", "YES"]
+
+
+class WrongGradFake(ReferenceBackend):
+    """Right forward, q and k gradients 10 % too large: the fwd_bwd gate must catch it on dq/dk."""
+
+    name = "fake_wrong_grad"
+    routes = ("explicit",)
+    train_routes = ("explicit",)
+
+    def caller_l2norm(self, x):
+        import torch
+
+        class ScaleGrad(torch.autograd.Function):
+            @staticmethod
+            def forward(ctx, t):
+                return t.view_as(t)
+
+            @staticmethod
+            def backward(ctx, grad):
+                return grad * 1.1
+
+        return super().caller_l2norm(ScaleGrad.apply(x))

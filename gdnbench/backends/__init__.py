@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from .base import MODES, ROUTES, Backend, Support  # noqa: F401
+from .base import ALL_ROUTES, MODES, ROUTES, ROUTES_BY_MODE, TRAIN_ROUTES, Backend, Support  # noqa: F401
 
 
 def _reference():

@@ -3,6 +3,11 @@
 `prepare` does every layout, gate and state conversion and any host-side precomputation
 outside the timed region and returns a zero-argument closure; calling it runs the
 backend once and returns (o [B,T,HV,V], final_state [N,HV,K,V] fp32 or None).
+
+Training mode (`fwd_bwd`, gdnbench/train.py) wraps the same forward closures in a
+forward + loss + backward step; its caller compositions (`megatron*`) wrap `kernel`.
+Forward-mode routes and training routes are separate lists so that a forward run
+asks for exactly what it always asked for.
 """
 
 from __future__ import annotations
@@ -10,8 +15,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Callable
 
-ROUTES = ("explicit", "flag", "fused_q", "fused_qk")
-MODES = ("fwd",)
+ROUTES = ("explicit", "flag", "fused_q", "fused_qk")  # forward mode
+TRAIN_ROUTES = ("explicit", "flag", "megatron", "megatron_flag")  # fwd_bwd mode
+MODES = ("fwd", "fwd_bwd")
+ROUTES_BY_MODE = {"fwd": ROUTES, "fwd_bwd": TRAIN_ROUTES}
+ALL_ROUTES = tuple(dict.fromkeys(ROUTES + TRAIN_ROUTES))
+NO_BACKWARD_ROUTES = ("fused_q", "fused_qk")
 
 
 @dataclass(frozen=True)
@@ -36,6 +45,8 @@ class Backend:
     families: tuple[str, ...] = ("gdn", "kda")
     devices: tuple[str, ...] = ("cuda",)
     graph_safe: bool = True
+    train_routes: tuple[str, ...] = ()  # routes with a backward (mode fwd_bwd)
+    no_backward: str = "has no backward"  # why fwd_bwd is unsupported when train_routes is empty
 
     def is_available(self) -> Support:
         return YES
@@ -45,7 +56,13 @@ class Backend:
 
     def supports(self, shape, route: str, mode: str, device: str) -> Support:
         """The common checks; adapters add their own after calling this."""
-        if route not in self.routes:
+        if mode == "fwd_bwd":
+            why = self._train_route_support(route)
+            if not why:
+                return why
+        elif route not in self.routes:
+            if route in TRAIN_ROUTES:
+                return no(f"route {route!r} is a training composition: run it with --mode fwd_bwd")
             return no(f"{self.name} has no route {route!r} (its routes: {', '.join(self.routes)})")
         if mode not in MODES:
             return no(f"mode {mode!r} is not implemented yet")
@@ -53,6 +70,17 @@ class Backend:
             return no(f"{self.name} has no {shape.family} kernel")
         if device not in self.devices:
             return no(f"{self.name} does not run on {device}")
+        return YES
+
+    def _train_route_support(self, route: str) -> Support:
+        if route in NO_BACKWARD_ROUTES:
+            return no(f"route {route!r} has no backward: it exists only as gdnbench's forward-only Triton "
+                      "kernels (no autograd)")
+        if not self.train_routes:
+            return no(f"{self.name} {self.no_backward}: mode fwd_bwd unsupported")
+        if route not in self.train_routes:
+            return no(f"{self.name} has no training route {route!r} (its training routes: "
+                      f"{', '.join(self.train_routes)})")
         return YES
 
     def variant(self, shape, route: str) -> str:
@@ -64,4 +92,14 @@ class Backend:
         return "default"
 
     def prepare(self, shape, route: str, inputs) -> Callable[[], tuple]:
+        raise NotImplementedError
+
+    def kernel(self, shape, inputs, flag: bool) -> Callable:
+        """The bare kernel as fn(q, k) -> (o, final_state), v / g / beta / state / options fixed from
+        `inputs`: what the caller compositions (routes megatron*) wrap. q and k may come with HV heads
+        (H = HV); `flag` asks the kernel to l2-normalize them itself."""
+        raise NotImplementedError
+
+    def caller_l2norm(self, x):
+        """The l2norm a caller of this backend runs on q / k outside the kernel (differentiable)."""
         raise NotImplementedError

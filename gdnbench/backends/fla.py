@@ -13,10 +13,12 @@ in every row's variant.
 from __future__ import annotations
 
 import os
+import re
 
-from .base import YES, Backend, no
+from .base import TRAIN_ROUTES, YES, Backend, no
 
 CHUNK = 64
+HOPPER_BWD_REFUSED = "FLA 0.6.0 refuses gated GDN backward on Hopper with Triton < 3.7.1 (fla issue #640)"
 
 
 def _pin_dispatch() -> None:
@@ -32,9 +34,20 @@ def _dist_version(name: str) -> str | None:
         return None
 
 
+def _version_tuple(v: str) -> tuple[int, ...]:
+    return tuple(int(x) for x in re.findall(r"\d+", v)[:3])
+
+
+def gdn_backward_refused(capability: tuple[int, int], triton_version: str) -> bool:
+    """FLA 0.6.0's chunk_bwd_dqkwg raises for a gate on Hopper (sm 9.x) with Triton in [3.4, 3.7.1):
+    those Tritons miscompile it (fla issue #640). KDA's backward does not go through it."""
+    return capability[0] == 9 and (3, 4, 0) <= _version_tuple(triton_version) < (3, 7, 1)
+
+
 class FlaBackend(Backend):
     name = "fla"
     routes = ("explicit", "flag")
+    train_routes = TRAIN_ROUTES
     devices = ("cuda",)
 
     def is_available(self):
@@ -58,7 +71,10 @@ class FlaBackend(Backend):
         op = "chunk_gated_delta_rule" if shape.family == "gdn" else "chunk_kda(safe_gate, lower_bound)"
         pin = {True: "dispatch disabled: FLA Triton", False: "dispatch ENABLED: may run FlashQLA/FlashKDA/TileLang",
                None: "dispatch state unknown"}[_DISPATCH_DISABLED]
-        how = "caller l2norm" if route == "explicit" else "use_qk_l2norm_in_kernel=True"
+        how = {"explicit": "caller l2norm", "flag": "use_qk_l2norm_in_kernel=True",
+               "megatron": "megatron: l2norm on fused q|k, split, repeat_interleave to HV heads, flag off",
+               "megatron_flag": "megatron_flag: fused q|k split, repeat_interleave to HV heads, "
+                                "use_qk_l2norm_in_kernel=True"}[route]
         return f"fla {self.version()} {op}, {how}, {pin}"
 
     def supports(self, shape, route, mode, device):
@@ -67,14 +83,19 @@ class FlaBackend(Backend):
             return base
         if shape.family == "kda" and shape.lower_bound is None:
             return no("chunk_kda's safe gate needs a lower_bound")
+        if mode == "fwd_bwd" and shape.family == "gdn":
+            import torch
+            import triton
+
+            if gdn_backward_refused(torch.cuda.get_device_capability(), triton.__version__):
+                return no(HOPPER_BWD_REFUSED)
         return YES
 
-    def prepare(self, shape, route, inputs):
+    def _op(self, shape, inputs, flag: bool):
+        """(FLA op, its keyword arguments) for q / k given with or without the in-kernel l2norm."""
         _pin_dispatch()
-        from fla.modules.norm.l2norm import l2norm
-
         kw = dict(scale=inputs.scale, initial_state=inputs.initial_state, output_final_state=True,
-                  use_qk_l2norm_in_kernel=(route == "flag"))
+                  use_qk_l2norm_in_kernel=flag)
         if inputs.cu_seqlens is not None:
             # host-side index work done here, outside the timed call (else FLA syncs per call)
             kw.update(cu_seqlens=inputs.cu_seqlens, cu_seqlens_cpu=inputs.cu_seqlens.cpu())
@@ -90,6 +111,22 @@ class FlaBackend(Backend):
             from fla.ops.kda import chunk_kda as op
 
             kw.update(safe_gate=True, lower_bound=inputs.lower_bound)
+        return op, kw
+
+    def caller_l2norm(self, x):
+        from fla.modules.norm.l2norm import l2norm
+
+        return l2norm(x)
+
+    def kernel(self, shape, inputs, flag):
+        op, kw = self._op(shape, inputs, flag)
+        v, g, beta = inputs.v, inputs.g, inputs.beta
+        return lambda q, k: op(q, k, v, g, beta, **kw)
+
+    def prepare(self, shape, route, inputs):
+        from fla.modules.norm.l2norm import l2norm
+
+        op, kw = self._op(shape, inputs, route == "flag")
         q, k, v, g, beta = inputs.q, inputs.k, inputs.v, inputs.g, inputs.beta
 
         if route == "explicit":

@@ -183,6 +183,7 @@ class FlashinferBackend(Backend):
     routes = ("explicit", "flag")
     families = ("gdn", "kda")
     devices = ("cuda",)
+    no_backward = "has no backward (its GDN prefill and KDA kernels are forward-only, no autograd)"
 
     def is_available(self):
         try:

@@ -15,6 +15,7 @@ class GdnbenchBackend(Backend):
     routes = ("explicit", "flag", "fused_q", "fused_qk")
     families = ("gdn",)
     devices = ("cuda", "cpu")
+    no_backward = "has no backward (gdnbench.ops is a forward-only Triton op, no autograd)"
 
     def __init__(self):
         self._resolved: dict = {}
