@@ -49,6 +49,7 @@ from pathlib import Path
 from typing import Callable
 
 from . import tuned
+from .backends.base import one_line
 
 KERNELS = tuned.KERNELS
 ROUTES = ("explicit", "flag", "fused_q", "fused_qk")
@@ -277,11 +278,6 @@ def shard(n: int, rank: int, world: int) -> list[int]:
     return list(range(rank, n, world))
 
 
-def _one_line(e: BaseException) -> str:
-    msg = f"{type(e).__name__}: {e}".strip().splitlines()
-    return (msg[0] if msg else type(e).__name__)[:300]
-
-
 def per_candidate(fn: Callable[[Point], dict]) -> Evaluate:
     """An evaluator calling fn(point) for each point; an exception becomes that candidate's
     ``error`` result, so one failure never ends the sweep."""
@@ -292,7 +288,7 @@ def per_candidate(fn: Callable[[Point], dict]) -> Evaluate:
             try:
                 out.append(fn(p))
             except Exception as e:
-                out.append({"status": "error", "reason": _one_line(e)})
+                out.append({"status": "error", "reason": one_line(e)})
         return out, time.monotonic() - t0
     return evaluate
 
@@ -540,7 +536,7 @@ class _Bench:
                 res["status"] = "ok"
         except Exception as e:  # a failing candidate is data
             res["status"] = "compile_error" if stage == "compile" and _is_compile_error(e) else "error"
-            res["reason"] = f"{stage}: {_one_line(e)}"
+            res["reason"] = f"{stage}: {one_line(e)}"
             res["traceback"] = traceback.format_exc()[-1500:]
             res["time_us"] = None
             if not self._context_ok():
@@ -598,7 +594,7 @@ def worker_main(spec_json: str) -> int:
         proto.write(json.dumps({"hello": True, "env": device_identity(spec["device"])}) + "\n")
     except Exception as e:
         traceback.print_exc()
-        proto.write(json.dumps({"hello": False, "reason": _one_line(e)}) + "\n")
+        proto.write(json.dumps({"hello": False, "reason": one_line(e)}) + "\n")
         return 1
     for line in sys.stdin:
         req = json.loads(line)

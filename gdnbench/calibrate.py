@@ -14,11 +14,10 @@ finds it again by GPU name. No torch import at module load.
 from __future__ import annotations
 
 import datetime as _dt
-import re
 import statistics
 from pathlib import Path
 
-from .results import read_json, write_atomic
+from .results import read_json, slug, write_atomic
 
 CALIB_SCHEMA = 1
 CALIB_FILE = "calibration.json"
@@ -30,11 +29,6 @@ class CalibrationError(ValueError):
 
 class NoCudaError(RuntimeError):
     """`measure` was asked to run where there is no CUDA device (the CLI's exit code 3)."""
-
-
-def slug(gpu_name: str) -> str:
-    """The results directory name of a GPU, as `results.gpu_slug` makes it ("NVIDIA H200" -> "nvidia-h200")."""
-    return re.sub(r"[^a-z0-9]+", "-", gpu_name.lower()).strip("-") or "cpu"
 
 
 def _results_dir() -> Path:

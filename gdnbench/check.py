@@ -26,6 +26,18 @@ BUDGET_FACTOR = 2.0
 BUDGET_FLOOR = 1e-7  # a budget of exactly zero (e.g. all-zero data) would reject exact answers
 
 
+def budget(lowp_err: float) -> float:
+    """What a route may lose against fp64, given what the storage precision alone loses."""
+    return max(BUDGET_FACTOR * lowp_err, BUDGET_FLOOR)
+
+
+def storage_precision(dtype_name: str):
+    """(torch dtype, tf32 rounding) of the budget run: the storage dtype, or fp32 read through tf32."""
+    import torch
+
+    return (torch.float32, True) if dtype_name == "float32" else (getattr(torch, dtype_name), False)
+
+
 @dataclass
 class Oracle:
     o: "torch.Tensor"
@@ -38,11 +50,11 @@ class Oracle:
 
     @property
     def budget_o(self) -> float:
-        return max(BUDGET_FACTOR * self.lowp_err_o, BUDGET_FLOOR)
+        return budget(self.lowp_err_o)
 
     @property
     def budget_state(self) -> float:
-        return max(BUDGET_FACTOR * self.lowp_err_state, BUDGET_FLOOR)
+        return budget(self.lowp_err_state)
 
 
 @dataclass
@@ -88,6 +100,12 @@ def max_abs_rel(out, ref) -> float:
     return (o - r).abs().max().item() / (scale if scale > 0 else 1.0)
 
 
+def make_oracle(check_shape: Shape, full_shape: Shape, o64, s64, o_lp, s_lp) -> Oracle:
+    """The fp64 answer and the storage-precision run's errors against it."""
+    return Oracle(o=o64, state=s64, lowp_err_o=rel_rms(o_lp, o64), lowp_err_state=rel_rms(s_lp, s64),
+                  lens=check_shape.lens, tokens=check_shape.tokens, shortened=check_shape.tokens < full_shape.tokens)
+
+
 def build_oracle(check_shape: Shape, inputs, full_shape: Shape) -> Oracle:
     """fp64 answer on the check inputs, and the error the storage precision alone costs."""
     import torch
@@ -97,13 +115,9 @@ def build_oracle(check_shape: Shape, inputs, full_shape: Shape) -> Oracle:
     kw = dict(scale=inputs.scale, initial_state=inputs.initial_state, cu_seqlens=inputs.cu_seqlens_list)
     args = (inputs.q, inputs.k, inputs.v, inputs.g, inputs.beta)
     o64, s64 = recurrence(*args, dtype=torch.float64, **kw)
-    if check_shape.dtype == "float32":
-        o_lp, s_lp = recurrence(*args, dtype=torch.float32, tf32=True, **kw)
-    else:
-        lp = getattr(torch, check_shape.dtype)
-        o_lp, s_lp = recurrence(*args, dtype=lp, **kw)
-    return Oracle(o=o64, state=s64, lowp_err_o=rel_rms(o_lp, o64), lowp_err_state=rel_rms(s_lp, s64),
-                  lens=check_shape.lens, tokens=check_shape.tokens, shortened=check_shape.tokens < full_shape.tokens)
+    lp, tf32 = storage_precision(check_shape.dtype)
+    o_lp, s_lp = recurrence(*args, dtype=lp, tf32=tf32, **kw)
+    return make_oracle(check_shape, full_shape, o64, s64, o_lp, s_lp)
 
 
 def judge(oracle: Oracle, o, state) -> Verdict:

@@ -16,6 +16,7 @@ from rich.console import Console
 
 from . import report as rep
 from . import shapes as shp
+from .backends.base import one_line
 from .results import ResultsError
 
 app = typer.Typer(add_completion=False, no_args_is_help=True,
@@ -188,7 +189,7 @@ def _run_with_progress(ss, total: int, go):
         except KeyboardInterrupt:
             return collected, "interrupted"
         except Exception as e:  # the rows measured so far are still written by the caller
-            return collected, f"stopped by {type(e).__name__}: {e}".splitlines()[0]
+            return collected, one_line(e, "stopped by")
     return collected, None
 
 

@@ -12,7 +12,7 @@ from types import SimpleNamespace
 from typing import Callable
 
 from . import timing
-from .backends.base import Backend
+from .backends.base import Backend, one_line
 from .shapes import Shape
 
 
@@ -28,11 +28,6 @@ def base_row(shape: Shape, backend: str, route: str, mode: str, status: str, rea
     }
     row.update(extra)
     return row
-
-
-def _one_line(e: BaseException) -> str:
-    msg = f"{type(e).__name__}: {e}".strip().splitlines()
-    return (msg[0] if msg else type(e).__name__)[:300]
 
 
 def _finite(out) -> bool:
@@ -104,7 +99,7 @@ def measure_shape(shape: Shape, backends: list[Backend], routes: list[str], mode
                 info.update(ops.extras(fn, device))
                 ready[(b.name, r)] = {"fn": fn, "backend": b, "first_ms": first_ms, "verdict": verdict, "info": info}
             except Exception as e:  # a backend failure is data: record it and go on
-                emit(base_row(shape, b.name, r, mode, "error", _one_line(e), traceback=traceback.format_exc()[-2000:],
+                emit(base_row(shape, b.name, r, mode, "error", one_line(e), traceback=traceback.format_exc()[-2000:],
                               **info))
         del oracle
         if device == "cuda":
@@ -126,7 +121,7 @@ def _time_all(shape, ready: dict, mode: str, device: str, params: timing.TimingP
                 except timing.GraphUnsafe as e:
                     st["graph_error"] = str(e)
         except Exception as e:
-            failed[key] = _one_line(e)
+            failed[key] = one_line(e)
     for _ in range(params.rounds):
         for key, st in ready.items():
             if key in failed:
@@ -141,7 +136,7 @@ def _time_all(shape, ready: dict, mode: str, device: str, params: timing.TimingP
                 else:
                     st["gpu"].append(timing.profiler_kernel_us(st["fn"], params.iters))
             except Exception as e:
-                failed[key] = _one_line(e)
+                failed[key] = one_line(e)
     for key, st in ready.items():
         b, r = st["backend"], key[1]
         common = dict(check=st["verdict"].to_dict(), first_call_ms=st["first_ms"], **st["info"])
@@ -160,7 +155,7 @@ def _time_all(shape, ready: dict, mode: str, device: str, params: timing.TimingP
                 row["profiler_us"] = timing.profiler_kernel_us(st["fn"], params.profiler_iters)
             except Exception as e:
                 row["profiler_us"] = None
-                row["profiler_error"] = _one_line(e)
+                row["profiler_error"] = one_line(e)
             w, g = row["wall"]["median_us"], row["gpu"]["median_us"]
             row["host_bound"] = bool(g > 0 and w > g * (1 + timing.HOST_BOUND_MARGIN))
         else:

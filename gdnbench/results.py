@@ -27,7 +27,8 @@ class ResultsError(ValueError):
     """A results file that cannot be used; the message names the file."""
 
 
-def _dist(name: str) -> str | None:
+def dist_version(name: str) -> str | None:
+    """The installed version of a distribution, or None."""
     try:
         return version(name)
     except PackageNotFoundError:
@@ -73,7 +74,7 @@ def capture_env(device: str) -> dict:
         "host": socket.gethostname(),
         "platform": platform.platform(),
         "git": git_info(),
-        "versions": {name: _dist(dist) for name, dist in (
+        "versions": {name: dist_version(dist) for name, dist in (
             ("gdnbench", "gdnbench"), ("torch", "torch"), ("triton", "triton"), ("fla", "fla-core"),
             ("helion", "helion"), ("flashinfer", "flashinfer-python"))},
         "device": device,
@@ -109,9 +110,14 @@ def capture_env(device: str) -> dict:
     return env
 
 
+def slug(gpu_name: str, empty: str = "cpu") -> str:
+    """A GPU's directory name under results/ ("NVIDIA H200" -> "nvidia-h200")."""
+    return re.sub(r"[^a-z0-9]+", "-", gpu_name.lower()).strip("-") or empty
+
+
 def gpu_slug(env: dict) -> str:
     name = env.get("gpu", {}).get("name") if env.get("device") == "cuda" else None
-    return re.sub(r"[^a-z0-9]+", "-", name.lower()).strip("-") if name else "cpu"
+    return slug(name) if name else "cpu"
 
 
 def utc_stamp() -> str:

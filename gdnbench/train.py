@@ -24,7 +24,7 @@ import math
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Callable
 
-from .check import BUDGET_FACTOR, BUDGET_FLOOR, Oracle, Verdict, judge, rel_rms
+from .check import Oracle, Verdict, budget, judge, make_oracle, rel_rms, storage_precision
 from .shapes import Shape
 
 if TYPE_CHECKING:
@@ -121,7 +121,7 @@ class GradOracle:
     lowp_err: dict  # name -> rel-RMS error of the storage-precision gradient
 
     def budget(self, name: str) -> float:
-        return max(BUDGET_FACTOR * self.lowp_err[name], BUDGET_FLOOR)
+        return budget(self.lowp_err[name])
 
 
 @dataclass
@@ -160,12 +160,9 @@ def build_grad_oracle(check_shape: Shape, inputs, full_shape: Shape) -> GradOrac
 
     do, dstate = cotangents(check_shape, inputs)
     o64, s64, g64 = reference_step(inputs, do, dstate, torch.float64)
-    if check_shape.dtype == "float32":
-        o_lp, s_lp, g_lp = reference_step(inputs, do, dstate, torch.float32, tf32=True)
-    else:
-        o_lp, s_lp, g_lp = reference_step(inputs, do, dstate, getattr(torch, check_shape.dtype))
-    fwd = Oracle(o=o64, state=s64, lowp_err_o=rel_rms(o_lp, o64), lowp_err_state=rel_rms(s_lp, s64),
-                 lens=check_shape.lens, tokens=check_shape.tokens, shortened=check_shape.tokens < full_shape.tokens)
+    lp, tf32 = storage_precision(check_shape.dtype)
+    o_lp, s_lp, g_lp = reference_step(inputs, do, dstate, lp, tf32=tf32)
+    fwd = make_oracle(check_shape, full_shape, o64, s64, o_lp, s_lp)
     return GradOracle(fwd, g64, {n: rel_rms(g_lp[n], g64[n]) for n in GRADS})
 
 

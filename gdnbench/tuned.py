@@ -24,11 +24,10 @@ import functools
 import hashlib
 import json
 import os
-import re
 import warnings
 from pathlib import Path
 
-from .results import RESULTS_DIR, write_atomic
+from .results import RESULTS_DIR, slug, write_atomic
 
 TUNED_DIR = RESULTS_DIR / "tuned"
 CACHE_SCHEMA = 1
@@ -91,10 +90,6 @@ def shape_key(shape) -> str:
     return f"K{shape.K}_V{shape.V}_H{shape.H}_HV{shape.HV}_{shape.dtype}_{mix}_T{token_bucket(shape.tokens)}"
 
 
-def gpu_slug(gpu_name: str) -> str:
-    return re.sub(r"[^a-z0-9]+", "-", gpu_name.lower()).strip("-") or "unknown"
-
-
 def normalize_env(env: dict) -> dict:
     """{gpu, compute_capability, triton} from a device_env() dict or a results.capture_env() dict."""
     if isinstance(env.get("gpu"), dict):  # capture_env's layout
@@ -121,7 +116,7 @@ def entry_key(env: dict, kernel: str, shape, variant: str) -> dict:
 
 
 def cache_path(cache_dir: Path, gpu_name: str, kernel: str) -> Path:
-    return Path(cache_dir) / gpu_slug(gpu_name) / f"{kernel}.json"
+    return Path(cache_dir) / slug(gpu_name, empty="unknown") / f"{kernel}.json"
 
 
 def _identity(key: dict) -> tuple:

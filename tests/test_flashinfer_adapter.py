@@ -205,7 +205,7 @@ def test_registry_gives_the_adapter():
 def test_not_installed(monkeypatch):
     monkeypatch.setitem(sys.modules, "flashinfer", None)
     monkeypatch.setitem(sys.modules, "flashinfer.gdn_prefill", None)
-    monkeypatch.setattr(fi, "_dist_version", lambda name: None)
+    monkeypatch.setattr(fi, "dist_version", lambda name: None)
     sup = fi.FlashinferBackend().is_available()
     assert not sup and "flashinfer-python is not installed" in sup.reason and "\n" not in sup.reason
 

@@ -39,6 +39,13 @@ def no(reason: str) -> Support:
     return Support(False, reason)
 
 
+def one_line(e: BaseException, prefix: str = "") -> str:
+    """An exception as one line of at most 300 characters (failures are stored as row data)."""
+    lines = f"{type(e).__name__}: {e}".strip().splitlines()
+    text = lines[0] if lines else type(e).__name__
+    return (f"{prefix}: {text}" if prefix else text)[:300]
+
+
 class Backend:
     name: str = "base"
     routes: tuple[str, ...] = ()

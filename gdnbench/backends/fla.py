@@ -15,7 +15,8 @@ from __future__ import annotations
 import os
 import re
 
-from .base import TRAIN_ROUTES, YES, Backend, no
+from ..results import dist_version
+from .base import TRAIN_ROUTES, YES, Backend, no, one_line
 
 CHUNK = 64
 HOPPER_BWD_REFUSED = "FLA 0.6.0 refuses gated GDN backward on Hopper with Triton < 3.7.1 (fla issue #640)"
@@ -23,15 +24,6 @@ HOPPER_BWD_REFUSED = "FLA 0.6.0 refuses gated GDN backward on Hopper with Triton
 
 def _pin_dispatch() -> None:
     os.environ.setdefault("FLA_DISABLE_BACKEND_DISPATCH", "1")
-
-
-def _dist_version(name: str) -> str | None:
-    from importlib.metadata import PackageNotFoundError, version
-
-    try:
-        return version(name)
-    except PackageNotFoundError:
-        return None
 
 
 def _version_tuple(v: str) -> tuple[int, ...]:
@@ -51,17 +43,17 @@ class FlaBackend(Backend):
     devices = ("cuda",)
 
     def is_available(self):
-        if _dist_version("fla-core") is None and _dist_version("flash-linear-attention") is None:
+        if dist_version("fla-core") is None and dist_version("flash-linear-attention") is None:
             return no("fla-core is not installed (pip install fla-core==0.6.0)")
         _pin_dispatch()
         try:
             import fla  # noqa: F401
         except Exception as e:  # an import can fail in many ways (missing deps, bad triton)
-            return no(f"import fla failed: {type(e).__name__}: {e}".splitlines()[0])
+            return no(one_line(e, "import fla failed"))
         return YES
 
     def version(self):
-        return _dist_version("fla-core") or _dist_version("flash-linear-attention")
+        return dist_version("fla-core") or dist_version("flash-linear-attention")
 
     def variant(self, shape, route):
         try:

@@ -32,8 +32,8 @@ own work, timed as for FLA) and, for KDA, restoring the in-place-updated initial
 
 from __future__ import annotations
 
-from .base import YES, Backend, no
-from .fla import _dist_version
+from .base import YES, Backend, no, one_line
+from ..results import dist_version
 
 DIST = "flashinfer-python"
 HEAD_SIZE = 128
@@ -74,11 +74,6 @@ def _kda_op():
     except ImportError:  # older layouts kept it in kda_decode
         from flashinfer.kda_decode import recurrent_kda
     return recurrent_kda
-
-
-def _one_line(prefix: str, e: BaseException) -> str:
-    lines = f"{type(e).__name__}: {e}".strip().splitlines()
-    return f"{prefix}: {lines[0] if lines else type(e).__name__}"[:300]
 
 
 def _caller_l2norm(x):
@@ -191,15 +186,15 @@ class FlashinferBackend(Backend):
         except ModuleNotFoundError as e:
             if (e.name or "").split(".")[0] == "flashinfer" and self.version() is None:
                 return no(f"{DIST} is not installed (pip install {DIST})")
-            return no(_one_line("import flashinfer.gdn_prefill failed", e))
+            return no(one_line(e, "import flashinfer.gdn_prefill failed"))
         except Exception as e:  # JIT / CUDA / cutlass-dsl import problems
-            return no(_one_line("import flashinfer.gdn_prefill failed", e))
+            return no(one_line(e, "import flashinfer.gdn_prefill failed"))
         if not _cuda_available():
             return no("no CUDA device (flashinfer runs on CUDA only)")
         return YES
 
     def version(self):
-        return _dist_version(DIST)
+        return dist_version(DIST)
 
     def supports(self, shape, route, mode, device):
         base = super().supports(shape, route, mode, device)
@@ -234,7 +229,7 @@ class FlashinferBackend(Backend):
         try:
             _kda_op()
         except Exception as e:
-            return no(_one_line("flashinfer has no recurrent_kda", e))
+            return no(one_line(e, "flashinfer has no recurrent_kda"))
         return YES
 
     def variant(self, shape, route):

@@ -7,7 +7,7 @@ On the CPU the kernels run under TRITON_INTERPRET=1 (the worker sets it for --de
 
 from __future__ import annotations
 
-from .base import YES, Backend, no
+from .base import YES, Backend, no, one_line
 
 
 class GdnbenchBackend(Backend):
@@ -24,7 +24,7 @@ class GdnbenchBackend(Backend):
         try:
             from .. import ops  # noqa: F401
         except Exception as e:  # triton missing or broken
-            return no(f"import gdnbench.ops failed: {type(e).__name__}: {e}".splitlines()[0])
+            return no(one_line(e, "import gdnbench.ops failed"))
         return YES
 
     def version(self):

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from .base import Backend, no
-from .fla import _dist_version
+from ..results import dist_version
 
 
 class PlannedBackend(Backend):
@@ -11,7 +11,7 @@ class PlannedBackend(Backend):
         self.name, self.dist, self.routes, self.why = name, dist, routes, why
 
     def version(self):
-        return _dist_version(self.dist)
+        return dist_version(self.dist)
 
     def is_available(self):
         installed = "installed" if self.version() else "not installed"
