@@ -228,7 +228,7 @@ def chunk_output(q, k, v_new, h, g_cs, *, scale, rstd_k=None, fuse_q=False, varl
     _launch(output_kernel, (triton.cdiv(V, BV), n_grid, B * HV), cfg,
             q, k, v_new, h, g_cs, rstd_k, o, *_varlen_args(varlen), float(scale), T, NT,
             H=H, HV=HV, K=K, V=V, BK=block(cfg.BK, K), BV=BV, BT=CHUNK_SIZE,
-            IS_VARLEN=varlen is not None, FUSE_Q=fuse_q, FUSE_K=rstd_k is not None, PREC=_precision(q.dtype), QN=qn)
+            IS_VARLEN=varlen is not None, FUSE_Q=fuse_q, FUSE_K=rstd_k is not None, PREC=_precision(q.dtype), QN=qn if fuse_q else 0)
     return o
 
 

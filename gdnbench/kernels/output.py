@@ -78,7 +78,7 @@ def output_kernel(
     H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
     BK: tl.constexpr, BV: tl.constexpr, BT: tl.constexpr,
     IS_VARLEN: tl.constexpr, FUSE_Q: tl.constexpr, FUSE_K: tl.constexpr, PREC: tl.constexpr,
-    QN: tl.constexpr = 2,
+    QN: tl.constexpr = 0,
 ):
     """Grid (cdiv(V, BV), chunks, B*HV)."""
     i_v, i_c, i_bh = tl.program_id(0), tl.program_id(1), tl.program_id(2)
@@ -97,14 +97,13 @@ def output_kernel(
     r_k = tl.zeros([BT], dtype=tl.float32)
     if FUSE_K:
         r_k = tl.load(rstd_k + tok0 * H + i_h + rows * H, mask=m_t, other=0.0)
-    qn = QN if FUSE_Q else 0
-    b_o, b_s, ssq, lo = _qh_qk(qb, kb, hb, rows, m_t, o_v, r_k, K, V, H * K, BT, BK, BV, qn, FUSE_K, PREC)
+    b_o, b_s, ssq, lo = _qh_qk(qb, kb, hb, rows, m_t, o_v, r_k, K, V, H * K, BT, BK, BV, QN, FUSE_K, PREC)
 
     c = tl.load(g_cs + tok0 * HV + i_hv + rows * HV, mask=m_t, other=0.0)
     b_o = b_o * tl.math.exp2(c)[:, None]
     keep = (rows[:, None] >= rows[None, :]) & m_t[:, None] & m_t[None, :]
     b_s = tl.where(keep, b_s * tl.math.exp2(c[:, None] - c[None, :]), 0.0)
-    if FUSE_Q and QN != 3:
+    if QN == 1 or QN == 2:
         # scale before the cast: an unnormalized fp16 row could overflow fp16
         r_q = l2_rstd(ssq, lo)
         b_o = b_o * r_q[:, None]
