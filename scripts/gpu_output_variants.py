@@ -92,6 +92,8 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--tiny", action="store_true")
     ap.add_argument("--out", default=None)
+    ap.add_argument("--stages", type=int, nargs="*", default=[1, 2])
+    ap.add_argument("--probe", default=None, help="BK,BV,warps,stages,variant,QN: run one config and exit")
     args = ap.parse_args()
     dev = "cpu" if CPU else "cuda"
     dtype = torch.float16 if CPU else torch.bfloat16
@@ -102,7 +104,10 @@ def main():
         shapes = [dict(name="H16 HV32 8K", H=16, HV=32, K=128, V=128, lens=[8192]),
                   dict(name="H4 HV8 packed6", H=4, HV=8, K=128, V=128, lens=[1300, 547, 2048, 963, 271, 3063]),
                   dict(name="H16 HV64 8K", H=16, HV=64, K=128, V=128, lens=[8192])]
-        blocks, warps, stages, caps = [(128, 32), (128, 64), (128, 128)], [4, 8], [1, 2], [128, 160, 192, 224]
+        blocks, warps, stages, caps = [(128, 32), (128, 64), (128, 128)], [4, 8], args.stages, [128, 160, 192, 224]
+    if args.probe:
+        bk, bv, w, st, name, qv = args.probe.split(",")
+        shapes = shapes[:1]
     records = []
     for si, shape in enumerate(shapes):
         K, V = shape["K"], shape["V"]
@@ -126,6 +131,12 @@ def main():
                                                           config=dataclasses.replace(base, output_fused=c), qn=qv)),
         }
         variants = [("plain", 0), ("q", 1), ("q", 2), ("q", 3), ("qk", 2), ("qk", 3)]
+        if args.probe:
+            fn = calls[name](KernelConfig(BK=int(bk), BV=int(bv), num_warps=int(w), num_stages=int(st)), int(qv))
+            o = fn()
+            torch.cuda.synchronize()
+            print(f"probe {args.probe}: err {rel_rms(o, o_ref):.2e} us {bench_graph(fn):.1f}")
+            return
         extra = [] if args.tiny else [KernelConfig(BK=64, BV=128, num_warps=4, num_stages=2),
                                       KernelConfig(BK=64, BV=64, num_warps=4, num_stages=2)]
 
@@ -143,6 +154,9 @@ def main():
                 rec["us"] = bench_graph(fn)
             except Exception as e:  # a config that fails to compile or launch is data
                 rec["fail"] = f"{type(e).__name__}: {str(e).splitlines()[0][:100]}"
+                log(f"    FAIL {label} {c}: {rec['fail']}")
+                if "illegal" in rec["fail"] or "CUDA" in rec["fail"]:
+                    raise SystemExit("CUDA context lost")
             records.append(rec)
             return rec
 
