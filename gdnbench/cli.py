@@ -29,6 +29,7 @@ err_console = Console(stderr=True)
 EXIT_BAD_INPUT = 2
 EXIT_NO_DEVICE = 3
 CONTRACT_SETS = ("kda-legacy6", "gdn-qwen6")
+DECODE_SETS = ("gdn-decode", "kda-decode")
 
 
 class UsageError(ValueError):
@@ -73,15 +74,18 @@ def _print_tables(tables):
 @app.command()
 def run(
     shapes: Optional[list[str]] = typer.Option(None, "--shapes", "-s", help="Shape set names or .toml paths "
-                                                "(default: the contract sets on CUDA, smoke on the CPU)."),
+                                                "(default: the contract sets on CUDA, smoke on the CPU; "
+                                                "--mode decode: gdn-decode,kda-decode on CUDA, smoke-decode on "
+                                                "the CPU)."),
     backends: Optional[list[str]] = typer.Option(None, "--backends", "-b", help="Comma-separated backends "
                                                   "(default: all but reference on CUDA; reference,gdnbench on the CPU)."),
     routes: Optional[list[str]] = typer.Option(None, "--routes", "-r", help="Comma-separated routes (default: the "
                                                 "mode's: explicit,flag,fused_q,fused_qk for fwd; explicit,flag,"
-                                                "megatron,megatron_flag for fwd_bwd)."),
+                                                "megatron,megatron_flag for fwd_bwd; explicit,flag for decode)."),
     shape_ids: Optional[list[str]] = typer.Option(None, "--shape-id", help="Only these shape ids."),
-    mode: str = typer.Option("fwd", help="fwd, or fwd_bwd: forward + backward with a gradient gate, "
-                                          "saved/peak bytes (decode is planned)."),
+    mode: str = typer.Option("fwd", help="fwd; fwd_bwd: forward + backward with a gradient gate, "
+                                          "saved/peak bytes; decode: one token for each of N sequences "
+                                          "from a state pool (decode shape sets), time per step and GB/s."),
     device: str = typer.Option("auto", help="auto, cuda or cpu."),
     out: Optional[Path] = typer.Option(None, "--out", "-o", help="Results file (one set) or directory."),
     l2: str = typer.Option("warm", help="warm, or cold: flush L2 before each timed call."),
@@ -127,7 +131,8 @@ def _run(shapes, backends, routes, shape_ids, mode, device, out, l2, warmup, rou
         if r not in registry.ALL_ROUTES:
             raise UsageError(f"--routes: unknown route {r!r} (known: {', '.join(registry.ALL_ROUTES)})")
     device = _resolve_device(device)
-    set_names = _split(shapes) or (list(CONTRACT_SETS) if device == "cuda" else ["smoke"])
+    defaults = (DECODE_SETS, ("smoke-decode",)) if mode == "decode" else (CONTRACT_SETS, ("smoke",))
+    set_names = _split(shapes) or list(defaults[0] if device == "cuda" else defaults[1])
     sets = [shp.load(n) for n in set_names]
     backend_names = _split(backends) or list(registry.DEFAULT_BACKENDS[device])
     for b in backend_names:
@@ -199,7 +204,8 @@ def report(
     baseline: Optional[str] = typer.Option(None, help="backend:route the ratios divide by (default fla:explicit)."),
     pair: Optional[list[str]] = typer.Option(None, "--pair", help="Extra geomean pair NUM/DEN, e.g. gdnbench:best/fla:flag."),
     markdown: Optional[Path] = typer.Option(None, help="Also write the tables as markdown."),
-    mode: Optional[str] = typer.Option(None, help="Which rows: fwd or fwd_bwd (default: the file's run mode)."),
+    mode: Optional[str] = typer.Option(None, help="Which rows: fwd, fwd_bwd or decode (default: the file's run "
+                                                  "mode)."),
 ):
     """Tables per shape, ratios to a baseline, geomean ratios with counts and exclusions."""
     from . import results
@@ -211,7 +217,7 @@ def report(
             raise UsageError(f"--mode {mode!r}: use {' or '.join(rep.MODES)}")
         pairs = rep.standard_pairs(rep.rows_of_mode(doc, mode)) + _split(pair) if pair else None
         tables = rep.report_tables(doc, baseline, pairs, mode)
-        tables += _roofline_tables(doc) if mode == "fwd" else []
+        tables += _roofline_tables(doc, mode) if mode in ("fwd", "decode") else []
     _print_tables(tables)
     if markdown:
         markdown.write_text(rep.to_markdown(tables))
@@ -227,7 +233,7 @@ def _calibration_for(doc: dict, file) -> dict:
     return calib
 
 
-def _roofline_tables(doc: dict) -> list:
+def _roofline_tables(doc: dict, mode: str = "fwd") -> list:
     """The distance of each row to its roofline floor, when the run's GPU has a calibration."""
     from . import calibrate
     from .roofline import roofline_table
@@ -238,7 +244,7 @@ def _roofline_tables(doc: dict) -> list:
         if not gpu:
             return []
         return [rep.Table("roofline", ["note"], [[f"no calibration for {gpu}: run `gdnbench calibrate` on it"]])]
-    return [rep.Table(*roofline_table(doc, calib))]
+    return [rep.Table(*roofline_table(doc, calib, mode))]
 
 
 @app.command()
@@ -324,8 +330,11 @@ def shapes_show(name: str = typer.Argument(..., help="Set name or .toml path."))
               title=f"{ss.name} v{ss.version} {ss.hash}")
     for s in ss.shapes:
         lens = str(list(s.lens)) + (f" x B{s.B}" if s.B > 1 else "")
+        dtype = s.dtype + (f", {s.state_dtype} state" if s.decode else "")
+        if s.decode:
+            lens = f"decode N={s.B}, pool {s.pool_size}"
         gate = s.gate + (f"({s.lower_bound})" if s.lower_bound is not None else "")
-        t.add_row(s.id, s.family, str(s.H), str(s.HV), str(s.K), str(s.V), lens, str(s.tokens), s.dtype, str(s.seed),
+        t.add_row(s.id, s.family, str(s.H), str(s.HV), str(s.K), str(s.V), lens, str(s.tokens), dtype, str(s.seed),
                   gate, "yes" if s.initial_state else "", s.note)
     console.print(t)
 

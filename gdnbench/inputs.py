@@ -8,11 +8,16 @@ normalize); v [B,T,HV,V]; beta [B,T,HV] post-sigmoid in the storage dtype; g fp3
 natural-log decay, [B,T,HV] for GDN (logsigmoid of a standard normal) and
 [B,T,HV,K] for KDA (lower_bound * sigmoid(normal), inside [lower_bound, 0));
 states fp32 [N,HV,K,V]; packed shapes have B=1 and int64 cu_seqlens [N+1].
+
+Decode shapes (one token for each of N sequences): q, k [1,N,H,K], v [1,N,HV,V], g, beta as above
+with T = N and int64 cu_seqlens 0..N; no initial_state but a state pool [P,HV,K,V] at the shape's
+state dtype (every slot drawn as initial states are, so fp32 and bf16 pools hold the same values)
+and `state_indices`, int64 [N]: the N sequences' distinct slots, a seeded random subset in random order.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, fields, replace
 from typing import TYPE_CHECKING
 
 from .shapes import Shape
@@ -35,11 +40,14 @@ class Inputs:
     cu_seqlens: "torch.Tensor | None"
     cu_seqlens_list: list[int] | None
     lower_bound: float | None
+    state_pool: "torch.Tensor | None" = None  # decode: [P,HV,K,V] at the state dtype
+    state_indices: "torch.Tensor | None" = None  # decode: int64 [N], the sequences' slots in the pool
 
     def to(self, device) -> "Inputs":
-        move = lambda t: None if t is None else t.to(device)  # noqa: E731
-        return Inputs(move(self.q), move(self.k), move(self.v), move(self.g), move(self.beta), self.scale,
-                      move(self.initial_state), move(self.cu_seqlens), self.cu_seqlens_list, self.lower_bound)
+        import torch
+
+        return replace(self, **{f.name: getattr(self, f.name).to(device) for f in fields(self)
+                                if isinstance(getattr(self, f.name), torch.Tensor)})
 
 
 def torch_dtype(name: str):
@@ -54,8 +62,9 @@ def make_inputs(shape: Shape, device="cpu") -> Inputs:
 
     gen = torch.Generator().manual_seed(shape.seed)
     dt = torch_dtype(shape.dtype)
-    B = 1 if shape.varlen else shape.B
-    T = shape.tokens if shape.varlen else shape.lens[0]
+    packed = shape.varlen or shape.decode
+    B = 1 if packed else shape.B
+    T = shape.tokens if packed else shape.lens[0]
     H, HV, K, V = shape.H, shape.HV, shape.K, shape.V
 
     def randn(*size):
@@ -73,11 +82,16 @@ def make_inputs(shape: Shape, device="cpu") -> Inputs:
     if shape.initial_state:
         # bf16-representable values at a quarter of unit scale, as the KDA harness used
         h0 = (0.25 * randn(shape.n_seqs, HV, K, V)).to(torch.bfloat16).float()
-    cu, cu_list = None, None
+    cu, cu_list, pool, idx = None, None, None, None
     if shape.varlen:
         cu_list = [0]
         for n in shape.lens:
             cu_list.append(cu_list[-1] + n)
+    if shape.decode:
+        cu_list = list(range(shape.B + 1))
+        pool = (0.25 * randn(shape.pool_size, HV, K, V)).to(torch.bfloat16).to(torch_dtype(shape.state_dtype))
+        idx = torch.randperm(shape.pool_size, generator=gen)[:shape.B]
+    if cu_list is not None:
         cu = torch.tensor(cu_list, dtype=torch.int64)
-    inp = Inputs(q, k, v, g, beta, shape.attn_scale, h0, cu, cu_list, shape.lower_bound)
+    inp = Inputs(q, k, v, g, beta, shape.attn_scale, h0, cu, cu_list, shape.lower_bound, pool, idx)
     return inp if str(device) == "cpu" else inp.to(device)

@@ -38,18 +38,27 @@ def _finite(out) -> bool:
 
 def _mode_ops(mode: str) -> SimpleNamespace:
     """What differs between modes: the timed closure, the oracle, the gate, the finiteness check
-    and the fields a passing row adds. The rest of a row's life is the same for every mode."""
+    and the fields a passing row adds (`extras` before timing, `finish` after). `stateful`: each
+    call changes the closure's own state (decode steps its pool), so the gate gets a fresh closure.
+    The rest of a row's life is the same for every mode."""
+    same = dict(finish=lambda row, shape: None, stateful=False)
     if mode == "fwd_bwd":
         from . import train
 
         return SimpleNamespace(prepare=train.prepare_step, oracle=train.build_grad_oracle, judge=train.judge_step,
                                finite=train.finite, extras=train.row_extras,
-                               nan_reason="NaN/Inf in the output or gradients on the full input")
+                               nan_reason="NaN/Inf in the output or gradients on the full input", **same)
+    if mode == "decode":
+        from . import decode
+
+        return SimpleNamespace(prepare=decode.prepare_step, oracle=decode.build_oracle, judge=decode.judge_step,
+                               finite=decode.finite, extras=lambda fn, device: {}, finish=decode.finish,
+                               stateful=True, nan_reason="NaN/Inf in the output or the state pool on the full input")
     from .check import build_oracle, judge
 
     return SimpleNamespace(prepare=lambda b, shape, r, inputs: b.prepare(shape, r, inputs), oracle=build_oracle,
                            judge=lambda oracle, out: judge(oracle, out[0], out[1]), finite=_finite,
-                           extras=lambda fn, device: {}, nan_reason="NaN/Inf in the output on the full input")
+                           extras=lambda fn, device: {}, nan_reason="NaN/Inf in the output on the full input", **same)
 
 
 def measure_shape(shape: Shape, backends: list[Backend], routes: list[str], mode: str, device: str,
@@ -89,7 +98,7 @@ def measure_shape(shape: Shape, backends: list[Backend], routes: list[str], mode
                     emit(base_row(shape, b.name, r, mode, "incorrect", ops.nan_reason, first_call_ms=first_ms, **info))
                     continue
                 del out
-                check_fn = fn if small is full else ops.prepare(b, check_shape, r, small)
+                check_fn = fn if small is full and not ops.stateful else ops.prepare(b, check_shape, r, small)
                 verdict = ops.judge(oracle, check_fn())
                 del check_fn
                 if not verdict.passed:
@@ -104,10 +113,11 @@ def measure_shape(shape: Shape, backends: list[Backend], routes: list[str], mode
         del oracle
         if device == "cuda":
             torch.cuda.synchronize()
-        _time_all(shape, ready, mode, device, params, emit)
+        _time_all(shape, ready, mode, device, params, emit, ops.finish)
 
 
-def _time_all(shape, ready: dict, mode: str, device: str, params: timing.TimingParams, emit) -> None:
+def _time_all(shape, ready: dict, mode: str, device: str, params: timing.TimingParams, emit,
+              finish: Callable[[dict, Shape], None] = lambda row, shape: None) -> None:
     cuda = device == "cuda"
     failed: dict[tuple[str, str], str] = {}
     for key, st in ready.items():
@@ -161,5 +171,6 @@ def _time_all(shape, ready: dict, mode: str, device: str, params: timing.TimingP
         else:
             row["gpu"] = None
             row["host_bound"] = None
+        finish(row, shape)
         emit(row)
         st["graph"] = None

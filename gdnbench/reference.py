@@ -88,3 +88,18 @@ def recurrence(q, k, v, g, beta, *, scale: float, initial_state=None, cu_seqlens
     outs = [O[i, : lens[i]] for i in range(N)]
     o = torch.cat(outs, 0)[None] if cu_seqlens is not None else torch.stack(outs, 0)
     return o, S
+
+
+def decode_step(q, k, v, g, beta, states, *, scale: float, normalize: bool = True,
+                dtype: torch.dtype = torch.float64, tf32: bool = False):
+    """One decode step: one token for each of N sequences, from their states.
+
+    q, k [1,N,H,K], v [1,N,HV,V], g [1,N,HV] (GDN) or [1,N,HV,K] (KDA), beta [1,N,HV]; `states`
+    [N,HV,K,V] are the N sequences' states (gathered from a pool). The recurrence above with the N
+    tokens as N sequences of length one. Returns (o [1,N,HV,V], new states [N,HV,K,V]), both in `dtype`."""
+    def per_sequence(t):  # [1,N,...] -> [N,1,...]
+        return t[0].unsqueeze(1)
+
+    o, s = recurrence(*(per_sequence(t) for t in (q, k, v, g, beta)), scale=scale, initial_state=states,
+                      normalize=normalize, dtype=dtype, tf32=tf32)
+    return o.transpose(0, 1), s

@@ -13,7 +13,8 @@ import math
 from dataclasses import dataclass, field
 
 TIME_KINDS = ("wall", "gpu")
-MODES = ("fwd", "fwd_bwd")
+MODES = ("fwd", "fwd_bwd", "decode")
+MODE_TITLES = {"fwd_bwd": " (one forward + backward step)", "decode": " (one decode step)"}
 MB = 1e6
 
 
@@ -199,7 +200,7 @@ def time_table(doc: dict, mode: str = "fwd") -> Table:
     skipped = sorted({f"{r['backend']}:{r['route']}: {r['reason']}" for r in doc["rows"] if r["status"] == "skipped"})
     notes += [f"skipped {s}" for s in skipped]
     title = f"{doc['shape_set']['name']} v{doc['shape_set']['version']}: time per backend:route"
-    title += " (one forward + backward step)" if mode == "fwd_bwd" else ""
+    title += MODE_TITLES.get(mode, "")
     return Table(title, ["shape"] + [f"{b}:{r}" for b, r in cols], rows, notes)
 
 
@@ -307,6 +308,27 @@ def memory_table(doc: dict) -> Table:
                                                   "deterministic"], rows, notes)
 
 
+def _gbps(x) -> str:
+    return "-" if x is None else (f"{x:.0f}" if x >= 100 else f"{x:.3g}")
+
+
+def decode_table(doc: dict) -> Table:
+    """decode: per ok row, the bytes the step must move, its times and the achieved GB/s on each."""
+    rows = []
+    for r in doc["rows"]:
+        if r.get("mode") != "decode" or r["status"] != "ok":
+            continue
+        gb = r.get("gbps") or {}
+        rows.append([r["shape_id"], f"{r['backend']}:{r['route']}", _mb(r.get("step_bytes")),
+                     _fmt_us(median(r, "gpu")), _gbps(gb.get("gpu")), _fmt_us(median(r, "wall")), _gbps(gb.get("wall"))])
+    notes = ["GB/s = bytes the step must move / median time: q, k, v, gates and o once, the N states read and "
+             "written once at the pool's dtype, the int64 indices, + the route's standalone l2norm passes "
+             "(gdnbench/roofline.py); a backend that gathers and scatters its states moves more than that",
+             "with a warm L2 the small-N steps can exceed DRAM bandwidth (--l2 cold flushes it before each call)"]
+    return Table("decode step: time and achieved bandwidth", ["shape", "backend:route", "MB/step", "gpu µs",
+                                                              "GB/s gpu", "wall µs", "GB/s wall"], rows, notes)
+
+
 def report_tables(doc: dict, baseline: str | None = None, pairs: list[str] | None = None,
                   mode: str | None = None) -> list[Table]:
     """The tables of one mode's rows (default: the file's run mode)."""
@@ -319,6 +341,8 @@ def report_tables(doc: dict, baseline: str | None = None, pairs: list[str] | Non
     tables += [geomean_table(doc, pairs, mode), check_table(doc, mode), spread_table(doc, mode)]
     if mode == "fwd_bwd":
         tables += [grad_table(doc), memory_table(doc)]
+    if mode == "decode":
+        tables.append(decode_table(doc))
     return tables
 
 

@@ -1,4 +1,4 @@
-"""Roofline floor of a forward call: the fewest bytes it must move and the FLOPs it must do.
+"""Roofline floor of a forward call or a decode step: the fewest bytes it must move and the FLOPs it must do.
 
 No torch, no GPU: everything here follows from the shape (and the route), plus a calibration
 (`gdnbench.calibrate`: the GPU's measured copy bandwidth and bf16 matmul rate).
@@ -62,6 +62,23 @@ FLOPs of the chunked algorithm (C = 64), per chunk of c tokens and per value hea
 Minimal recurrent FLOPs (second figure): the token recurrence S^T k, the rank-1 update
 k (beta (v - S^T k))^T and o = S^T q: 6 K V per token and value head, F_rec = 6 T HV K V.
 The chunked algorithm's extra work over it is the intra-chunk O(C) part.
+
+Decode step (shapes with decode = true, mode decode)
+----------------------------------------------------
+One new token for each of N sequences (T = N), the states in a pool at the shape's state dtype,
+s bytes per element (4 fp32, 2 bf16). Bytes the step must move:
+    q, k           2 * N*H*K*e
+    v, o           2 * N*HV*V*e
+    g              N*HV*4 (GDN) or N*HV*K*4 (KDA), fp32
+    beta           N*HV*e
+    state_read     N*HV*K*V*s      (the N states, read from their pool slots once)
+    state_write    N*HV*K*V*s      (and written back once, in place, at the state dtype)
+    indices        N*8             (int64 slot indices)
+  + route:         the forward's standalone l2norm passes, 2*N*H*K*e each (explicit, flag: q and k).
+At K = V = 128 the states are > 97 % of it. A backend that gathers the states into a temporary and
+scatters them back (FLA 0.6.0's GDN recurrence takes no slot indices) moves more than this floor;
+its achieved GB/s (floor bytes / time) shows the cost. FLOPs: the one-token recurrence,
+F_rec = 6 N HV K V. With a warm L2 the small-N steps can run above DRAM bandwidth.
 
 How others count
 ----------------
@@ -154,9 +171,11 @@ def _elem(shape: Shape) -> int:
 
 # ----------------------------------------------------------------------------- bytes
 def bytes_breakdown(shape: Shape, route: str) -> dict[str, int]:
-    """Fewest bytes of one forward call on `route`, per tensor (see the module docstring)."""
+    """Fewest bytes of one forward call (or decode step) on `route`, per tensor (see the module docstring)."""
     if route not in ROUTE_L2_PASSES:
         raise RooflineError(f"route {route!r}: the roofline knows {', '.join(ROUTE_L2_PASSES)}")
+    if shape.decode:
+        return decode_bytes_breakdown(shape, route)
     T, H, HV, K, V, N, e = shape.tokens, shape.H, shape.HV, shape.K, shape.V, shape.n_seqs, _elem(shape)
     state = N * HV * K * V * FP32
     out = {
@@ -171,6 +190,26 @@ def bytes_breakdown(shape: Shape, route: str) -> dict[str, int]:
     }
     for t in ROUTE_L2_PASSES[route]:
         out[f"l2norm_{t}"] = 2 * T * H * K * e
+    return out
+
+
+def decode_bytes_breakdown(shape: Shape, route: str) -> dict[str, int]:
+    """Bytes one decode step must move, per tensor (module docstring, "Decode step")."""
+    N, H, HV, K, V, e = shape.B, shape.H, shape.HV, shape.K, shape.V, _elem(shape)
+    state = N * HV * K * V * DTYPE_BYTES[shape.state_dtype]
+    out = {
+        "q": N * H * K * e,
+        "k": N * H * K * e,
+        "v": N * HV * V * e,
+        "g": N * HV * (K if shape.family == "kda" else 1) * FP32,
+        "beta": N * HV * e,
+        "o": N * HV * V * e,
+        "state_read": state,
+        "state_write": state,
+        "indices": N * 8,
+    }
+    for t in ROUTE_L2_PASSES[route]:
+        out[f"l2norm_{t}"] = 2 * N * H * K * e
     return out
 
 
@@ -191,7 +230,10 @@ def chunk_flops(c: int, K: int, V: int) -> dict[str, int]:
 
 
 def flops_breakdown(shape: Shape, chunk: int = CHUNK, share_key_products: bool = False) -> dict[str, int]:
-    """Matmul FLOPs of the chunked forward for the whole shape, per term (see the module docstring)."""
+    """Matmul FLOPs of the chunked forward for the whole shape, per term (see the module docstring);
+    for a decode shape, the one-token recurrence's."""
+    if shape.decode:
+        return {"recurrent": flops_recurrent(shape)}
     K, V, HV = shape.K, shape.V, shape.HV
     tot = dict.fromkeys(("gram", "solve", "wu", "state", "output"), 0)
     gram_key = qk_key = 0  # K K^T and q k^T depend on keys / queries only (GDN's gate is elementwise)
@@ -379,6 +421,11 @@ def _calib_text(calib: dict) -> str:
     return f"{bw / 1e12:.2f} TB/s copy, {mm / 1e12:.0f} TFLOP/s bf16 matmul" + (f" ({name})" if name else "")
 
 
+DECODE_NOTE = ("bytes (decode): q, k, v, gates, o once, the N states read and written once at the state dtype, "
+               "int64 indices, + 2 x |q| or |k| per standalone l2norm pass; FLOPs: the one-token recurrence, 6 K V "
+               "per sequence and value head")
+
+
 def roofline_table(doc: dict, calib: dict, mode: str = "fwd", shape_set=None):
     """(title, columns, rows, notes) with a line per non-skipped row: bytes, FLOPs, floor,
     binding term, measured times and the fraction floor / measured (wrap with report.Table(*t))."""
@@ -397,6 +444,7 @@ def roofline_table(doc: dict, calib: dict, mode: str = "fwd", shape_set=None):
     notes = [f"calibration: {_calib_text(calib)}",
              "floor = max(bytes / copy bandwidth, matmul FLOPs / matmul rate); floor/gpu = floor / median gpu "
              "time (1 = at the roofline)",
+             DECODE_NOTE if mode == "decode" else
              f"bytes: each input read once, each output written once, fp32 final state, + 2 x |q| or |k| per "
              f"standalone l2norm pass (explicit, flag: q and k; fused_q: k); FLOPs: chunked algorithm, C = {CHUNK}, "
              "matmuls only, multiply-add = 2"] + notes

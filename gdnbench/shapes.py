@@ -5,7 +5,14 @@ an optional `[defaults]` table merged under every `[[shape]]`, and the shapes.
 `hash` freezes the content: it is the sha256 of the canonical JSON of the resolved
 shapes, so reformatting the TOML keeps it and any change of meaning breaks it.
 `shapes/frozen.json` records every (name, version) -> hash ever published, so a
-changed set must bump its version (and be recorded) to verify again.
+changed set must bump its version (and be recorded) to verify again. Fields added to the
+format later (`decode`, `pool`, `state_dtype`) enter the hash only when set away from their
+default, so every set frozen before them keeps its hash.
+
+Decode shapes (`decode = true`, mode decode): one new token for each of N = B sequences,
+`lens = [1]`; the sequences' states live in a pool of `pool` slots (default B) at
+`state_dtype` (float32 default; other dtypes only for decode shapes), read and updated in place
+at seeded distinct slot indices (gdnbench.inputs).
 
 No torch import here: `gdnbench shapes ...` and the tests run anywhere.
 """
@@ -49,6 +56,9 @@ class Shape:
     initial_state: bool = False
     scale: float | None = None
     note: str = ""
+    decode: bool = False
+    pool: int | None = None
+    state_dtype: str = "float32"
 
     @property
     def varlen(self) -> bool:
@@ -64,12 +74,18 @@ class Shape:
         return sum(self.lens) if self.varlen else self.B * self.lens[0]
 
     @property
+    def pool_size(self) -> int:
+        """State-pool slots of a decode shape (default: one per sequence)."""
+        return self.pool if self.pool is not None else self.B
+
+    @property
     def attn_scale(self) -> float:
         return self.scale if self.scale is not None else self.K ** -0.5
 
     def shortened(self, max_tokens: int) -> "Shape":
-        """The same heads, dims and length mix with at most ~max_tokens tokens (for the oracle)."""
-        if self.tokens <= max_tokens:
+        """The same heads, dims and length mix with at most ~max_tokens tokens (for the oracle).
+        A decode shape is one token per sequence: nothing to shorten."""
+        if self.decode or self.tokens <= max_tokens:
             return self
         if not self.varlen:
             per_seq = max(1, max_tokens // self.B)
@@ -78,6 +94,9 @@ class Shape:
         return _replace(self, lens=tuple(max(1, round(n * f)) for n in self.lens))
 
     def label(self) -> str:
+        if self.decode:
+            return (f"{self.family} H{self.H}/HV{self.HV} K{self.K} V{self.V} decode N{self.B} pool{self.pool_size} "
+                    f"{self.state_dtype} state")
         mix = f"T{self.lens[0]}" + (f"xB{self.B}" if self.B > 1 else "") if not self.varlen else f"{len(self.lens)}seq/{self.tokens}"
         return f"{self.family} H{self.H}/HV{self.HV} K{self.K} V{self.V} {mix}"
 
@@ -122,7 +141,12 @@ _FIELDS: dict[str, tuple[tuple[type, ...], bool]] = {
     "initial_state": ((bool,), False),
     "scale": ((float, int), False),
     "note": ((str,), False),
+    "decode": ((bool,), False),
+    "pool": ((int,), False),
+    "state_dtype": ((str,), False),
 }
+# fields added after sets were first frozen -> their default: left out of the hash at the default
+_LATER_FIELDS = {"decode": False, "pool": None, "state_dtype": "float32"}
 _TOP_KEYS = {"name", "version", "hash", "description", "defaults", "shape"}
 
 
@@ -149,7 +173,7 @@ def _parse_shape(path: str, raw: dict, defaults: dict, index: int) -> Shape:
         raise _fail(path, sid, "family", f"{fam!r} is not one of {FAMILIES}")
     merged.setdefault("HV", merged["H"])
     merged.setdefault("gate", GATES[fam])
-    for key in ("H", "HV", "K", "V", "B"):
+    for key in ("H", "HV", "K", "V", "B", "pool"):
         if key in merged and merged[key] <= 0:
             raise _fail(path, sid, key, f"must be positive, got {merged[key]}")
     if merged["HV"] % merged["H"]:
@@ -165,6 +189,7 @@ def _parse_shape(path: str, raw: dict, defaults: dict, index: int) -> Shape:
             raise _fail(path, sid, "lens", f"expected integers, got {n!r}")
         if n <= 0:
             raise _fail(path, sid, "lens", f"length {n} is not positive")
+    _check_decode(path, sid, merged)
     if len(lens) > 1 and merged.get("B", 1) != 1:
         raise _fail(path, sid, "B", "packed lens (several lengths) need B = 1")
     if merged["gate"] != GATES[fam]:
@@ -188,9 +213,39 @@ def _parse_shape(path: str, raw: dict, defaults: dict, index: int) -> Shape:
     return Shape(**merged)
 
 
+def _check_decode(path: str, sid: str, merged: dict) -> None:
+    """The decode fields: state_dtype, and decode shapes' one token per sequence and pool."""
+    sd = merged.get("state_dtype", "float32")
+    if sd not in DTYPES:
+        raise _fail(path, sid, "state_dtype", f"{sd!r} is not one of {DTYPES}")
+    if not merged.get("decode", False):
+        if "pool" in merged:
+            raise _fail(path, sid, "pool", "only decode shapes (decode = true) have a state pool")
+        if sd != "float32":
+            raise _fail(path, sid, "state_dtype", f"{sd!r}: only decode shapes (decode = true) keep states "
+                                                  "at a dtype other than float32")
+        return
+    if list(merged["lens"]) != [1]:
+        raise _fail(path, sid, "lens", f"{merged['lens']}: a decode shape steps one token per sequence, "
+                                       "use lens = [1] and B = N sequences")
+    if merged.get("initial_state"):
+        raise _fail(path, sid, "initial_state", "a decode shape's states come from its pool; drop initial_state")
+    B = merged.get("B", 1)
+    if merged.get("pool", B) < B:
+        raise _fail(path, sid, "pool", f"{merged['pool']} slots is fewer than B={B} sequences")
+
+
+def _canonical(shape: Shape) -> dict:
+    d = asdict(shape)
+    for key, default in _LATER_FIELDS.items():
+        if d[key] == default:
+            del d[key]
+    return d
+
+
 def canonical_hash(name: str, version: int, shapes: tuple[Shape, ...]) -> str:
     """sha256 over the canonical JSON of the resolved set (independent of TOML layout)."""
-    doc = {"name": name, "version": version, "shapes": [asdict(s) for s in shapes]}
+    doc = {"name": name, "version": version, "shapes": [_canonical(s) for s in shapes]}
     blob = json.dumps(doc, sort_keys=True, separators=(",", ":")).encode()
     return "sha256:" + hashlib.sha256(blob).hexdigest()
 

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from .base import ALL_ROUTES, MODES, ROUTES, ROUTES_BY_MODE, TRAIN_ROUTES, Backend, Support  # noqa: F401
+from .base import (ALL_ROUTES, DECODE_ROUTES, MODES, ROUTES, ROUTES_BY_MODE, TRAIN_ROUTES, Backend,  # noqa: F401
+                   Support)
 
 
 def _reference():

@@ -8,6 +8,12 @@ Training mode (`fwd_bwd`, gdnbench/train.py) wraps the same forward closures in 
 forward + loss + backward step; its caller compositions (`megatron*`) wrap `kernel`.
 Forward-mode routes and training routes are separate lists so that a forward run
 asks for exactly what it always asked for.
+
+Decode mode (`decode`, gdnbench/decode.py) runs decode shapes only: `prepare_decode` returns a
+closure that advances N sequences by one token, reading and updating their states in place in
+the pool `inputs.state_pool` at `inputs.state_indices` (the adapter may convert the pool in
+prepare_decode, outside the timed region), and returns (o [1,N,HV,V], the pool as
+[P,HV,K,V] at the shape's state dtype: the updated pool itself, or a view of the adapter's copy).
 """
 
 from __future__ import annotations
@@ -17,8 +23,9 @@ from typing import Callable
 
 ROUTES = ("explicit", "flag", "fused_q", "fused_qk")  # forward mode
 TRAIN_ROUTES = ("explicit", "flag", "megatron", "megatron_flag")  # fwd_bwd mode
-MODES = ("fwd", "fwd_bwd")
-ROUTES_BY_MODE = {"fwd": ROUTES, "fwd_bwd": TRAIN_ROUTES}
+DECODE_ROUTES = ("explicit", "flag")  # decode mode (fused routes: only where a backend has them)
+MODES = ("fwd", "fwd_bwd", "decode")
+ROUTES_BY_MODE = {"fwd": ROUTES, "fwd_bwd": TRAIN_ROUTES, "decode": DECODE_ROUTES}
 ALL_ROUTES = tuple(dict.fromkeys(ROUTES + TRAIN_ROUTES))
 NO_BACKWARD_ROUTES = ("fused_q", "fused_qk")
 
@@ -54,6 +61,8 @@ class Backend:
     graph_safe: bool = True
     train_routes: tuple[str, ...] = ()  # routes with a backward (mode fwd_bwd)
     no_backward: str = "has no backward"  # why fwd_bwd is unsupported when train_routes is empty
+    decode_routes: tuple[str, ...] = ()  # routes with a decode step (mode decode)
+    no_decode: str = "has no decode step"  # why decode is unsupported when decode_routes is empty
 
     def is_available(self) -> Support:
         return YES
@@ -63,7 +72,18 @@ class Backend:
 
     def supports(self, shape, route: str, mode: str, device: str) -> Support:
         """The common checks; adapters add their own after calling this."""
-        if mode == "fwd_bwd":
+        if mode not in MODES:
+            return no(f"mode {mode!r} is not implemented yet")
+        if mode == "decode":
+            if not getattr(shape, "decode", False):
+                return no(f"shape {shape.id!r} is not a decode shape: mode decode runs decode sets "
+                          "(e.g. -s gdn-decode)")
+            why = self._decode_route_support(route)
+            if not why:
+                return why
+        elif getattr(shape, "decode", False):
+            return no(f"shape {shape.id!r} is a decode shape: run it with --mode decode")
+        elif mode == "fwd_bwd":
             why = self._train_route_support(route)
             if not why:
                 return why
@@ -71,8 +91,6 @@ class Backend:
             if route in TRAIN_ROUTES:
                 return no(f"route {route!r} is a training composition: run it with --mode fwd_bwd")
             return no(f"{self.name} has no route {route!r} (its routes: {', '.join(self.routes)})")
-        if mode not in MODES:
-            return no(f"mode {mode!r} is not implemented yet")
         if shape.family not in self.families:
             return no(f"{self.name} has no {shape.family} kernel")
         if device not in self.devices:
@@ -90,6 +108,16 @@ class Backend:
                       f"{', '.join(self.train_routes)})")
         return YES
 
+    def _decode_route_support(self, route: str) -> Support:
+        if route in TRAIN_ROUTES and route not in ROUTES:
+            return no(f"route {route!r} is a training composition: run it with --mode fwd_bwd")
+        if not self.decode_routes:
+            return no(f"{self.name} {self.no_decode}: mode decode unsupported")
+        if route not in self.decode_routes:
+            return no(f"{self.name} has no decode step on route {route!r} (its decode routes: "
+                      f"{', '.join(self.decode_routes)})")
+        return YES
+
     def variant(self, shape, route: str) -> str:
         """What actually runs for this route (recorded in every row)."""
         return self.name
@@ -99,6 +127,10 @@ class Backend:
         return "default"
 
     def prepare(self, shape, route: str, inputs) -> Callable[[], tuple]:
+        raise NotImplementedError
+
+    def prepare_decode(self, shape, route: str, inputs) -> Callable[[], tuple]:
+        """Mode decode: a closure running one decode step in place on the pool (module docstring)."""
         raise NotImplementedError
 
     def kernel(self, shape, inputs, flag: bool) -> Callable:

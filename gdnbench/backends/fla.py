@@ -4,6 +4,14 @@ Routes: `explicit` = FLA's l2norm on q and k by the caller, then the kernel;
 `flag` = use_qk_l2norm_in_kernel=True (FLA runs the same l2norm kernels inside its
 autograd Function, so both routes launch the same kernels; the difference is host work).
 
+Mode decode (one token per sequence, states in a pool): `fused_recurrent_gated_delta_rule` for
+GDN and `fused_recurrent_kda_fwd` for KDA, both with a truly in-kernel l2norm on route `flag`.
+FLA 0.6.0's GDN recurrence takes no slot indices: the step gathers pool[idx], runs it (int64
+cu_seqlens 0..N, beta by keyword: the 5th positional argument is gk) and scatters its fp32 final
+state back with index_copy_ at the pool's dtype, all inside the timed step, as a caller of that
+API must. Its KDA recurrence (the function vLLM's decode kernel became) reads and updates the
+pool in place through `ssm_state_indices` with `inplace_final_state=True`.
+
 FLA 0.6.0 silently hands calls to FlashQLA / FlashKDA / TileLang when those import.
 We pin its own Triton kernels with FLA_DISABLE_BACKEND_DISPATCH=1, which FLA reads at
 import: set before the first `import fla` (the worker process does so) and recorded
@@ -16,7 +24,7 @@ import os
 import re
 
 from ..results import dist_version
-from .base import TRAIN_ROUTES, YES, Backend, no, one_line
+from .base import DECODE_ROUTES, TRAIN_ROUTES, YES, Backend, no, one_line
 
 CHUNK = 64
 HOPPER_BWD_REFUSED = "FLA 0.6.0 refuses gated GDN backward on Hopper with Triton < 3.7.1 (fla issue #640)"
@@ -40,6 +48,7 @@ class FlaBackend(Backend):
     name = "fla"
     routes = ("explicit", "flag")
     train_routes = TRAIN_ROUTES
+    decode_routes = DECODE_ROUTES
     devices = ("cuda",)
 
     def is_available(self):
@@ -61,9 +70,13 @@ class FlaBackend(Backend):
         except ImportError:
             _DISPATCH_DISABLED = None
         op = "chunk_gated_delta_rule" if shape.family == "gdn" else "chunk_kda(safe_gate, lower_bound)"
+        if shape.decode:
+            op = ("fused_recurrent_gated_delta_rule on pool[idx] gathered, fp32 final state scattered back "
+                  "(index_copy_) at the pool dtype" if shape.family == "gdn" else
+                  "fused_recurrent_kda_fwd(ssm_state_indices, inplace_final_state) in place on the pool")
         pin = {True: "dispatch disabled: FLA Triton", False: "dispatch ENABLED: may run FlashQLA/FlashKDA/TileLang",
                None: "dispatch state unknown"}[_DISPATCH_DISABLED]
-        how = {"explicit": "caller l2norm", "flag": "use_qk_l2norm_in_kernel=True",
+        how = {"explicit": "caller l2norm", "flag": "use_qk_l2norm_in_kernel=True" + (" (in-kernel)" if shape.decode else ""),
                "megatron": "megatron: l2norm on fused q|k, split, repeat_interleave to HV heads, flag off",
                "megatron_flag": "megatron_flag: fused q|k split, repeat_interleave to HV heads, "
                                 "use_qk_l2norm_in_kernel=True"}[route]
@@ -128,3 +141,46 @@ class FlaBackend(Backend):
             def call():
                 return op(q, k, v, g, beta, **kw)
         return call
+
+    def prepare_decode(self, shape, route, inputs):
+        import torch
+
+        op, l2norm = _decode_op(shape.family), _l2norm_fn()
+        pool, idx, cu = inputs.state_pool, inputs.state_indices, inputs.cu_seqlens.to(torch.int64)  # FLA wants int64
+        q, k, v, g, beta = inputs.q, inputs.k, inputs.v, inputs.g, inputs.beta
+        flag = route == "flag"
+        if shape.family == "gdn":
+            def step(q, k):
+                o, ht = op(q, k, v, g, beta=beta, scale=inputs.scale, initial_state=pool.index_select(0, idx),
+                           output_final_state=True, use_qk_l2norm_in_kernel=flag, cu_seqlens=cu)
+                pool.index_copy_(0, idx, ht.to(pool.dtype))
+                return o, pool
+        else:
+            def step(q, k):
+                o, _ = op(q=q, k=k, v=v, g=g, beta=beta, scale=inputs.scale, initial_state=pool,
+                          inplace_final_state=True, cu_seqlens=cu, ssm_state_indices=idx,
+                          use_qk_l2norm_in_kernel=flag)
+                return o, pool
+
+        if flag:
+            return lambda: step(q, k)
+        return lambda: step(l2norm(q), l2norm(k))
+
+
+# Module-level so tests can replace them (FLA's Triton kernels need a GPU).
+def _decode_op(family: str):
+    """FLA's decode entry point: GDN's fused recurrence, or KDA's with pool indices."""
+    _pin_dispatch()
+    if family == "gdn":
+        from fla.ops.gated_delta_rule import fused_recurrent_gated_delta_rule
+
+        return fused_recurrent_gated_delta_rule
+    from fla.ops.kda.fused_recurrent import fused_recurrent_kda_fwd
+
+    return fused_recurrent_kda_fwd
+
+
+def _l2norm_fn():
+    from fla.modules.norm.l2norm import l2norm
+
+    return l2norm

@@ -24,6 +24,17 @@ H == HV, bf16 state [N, HV, V, K] updated in place. Our inputs carry the compute
 prepare() inverts it (A_log = 0, dt_bias = 0, raw g = logit(g / lower_bound)); only route `flag`
 exists (the contract requires the in-kernel l2norm).
 
+GDN decode (mode decode), `flashinfer.gdn_decode.gated_delta_rule_decode_pretranspose(q, k, v, state,
+A_log, a, dt_bias, b, scale=None, output=None, use_qk_l2norm=True, initial_state=None,
+initial_state_indices=None, ...)` (flashinfer/gdn_decode.py, releases with the state-pool arguments):
+q, k [B,1,H,K], v [B,1,HV,V] fp16/bf16; raw gates computed in-kernel, g = -exp(A_log) *
+softplus(a + dt_bias) and beta = sigmoid(b), a and b [B,1,HV] in q's dtype, A_log and dt_bias fp32
+[HV]; pool mode: `initial_state` [P,HV,V,K] (K-last) fp32 or bf16 (K = V = 128), `state=None`,
+updated in place at `initial_state_indices`. SM90+. Our decode inputs are handed over as
+q/k/v views [N,1,...], a = log(expm1(-g)) and b = logit(beta) in q's dtype with A_log = 0,
+dt_bias = 0 (so -softplus(a) = g and sigmoid(b) = beta up to that rounding), the pool transposed
+to a K-last copy once in prepare_decode (the closure returns a transposed view of it).
+
 All layout, gate and state conversion is done in prepare(), outside the timed closure; the closure
 calls FlashInfer and returns views of its outputs in our layout (o [B,T,HV,V], state [N,HV,K,V]
 as a transposed view). Exceptions, said where they are: the explicit route's l2norm (the route's
@@ -74,6 +85,15 @@ def _kda_op():
     except ImportError:  # older layouts kept it in kda_decode
         from flashinfer.kda_decode import recurrent_kda
     return recurrent_kda
+
+
+def _decode_op():
+    from flashinfer.gdn_decode import gated_delta_rule_decode_pretranspose
+
+    return gated_delta_rule_decode_pretranspose
+
+
+DECODE_POOL_ARGS = ("initial_state", "initial_state_indices")
 
 
 def _caller_l2norm(x):
@@ -172,6 +192,31 @@ def from_flashinfer_kda(o, state):
     return o, (None if state is None else state.transpose(-1, -2))
 
 
+def to_flashinfer_decode(inputs, shape) -> dict:
+    """Our decode inputs -> gated_delta_rule_decode_pretranspose's pool-mode keyword arguments
+    (everything but use_qk_l2norm; module docstring)."""
+    import torch
+
+    N, HV = shape.B, shape.HV
+    dt, dev = inputs.q.dtype, inputs.q.device
+    g = inputs.g.double().reshape(N, 1, HV)
+    beta = inputs.beta.double().reshape(N, 1, HV)
+
+    def per_seq(x):  # [1,N,...] -> [N,1,...], a view
+        return x.reshape(N, 1, *x.shape[2:])
+
+    return dict(
+        q=per_seq(inputs.q), k=per_seq(inputs.k), v=per_seq(inputs.v), state=None,
+        A_log=torch.zeros(HV, dtype=torch.float32, device=dev),
+        a=torch.log(torch.expm1((-g).clamp_min(1e-30))).to(dt).contiguous(),
+        dt_bias=torch.zeros(HV, dtype=torch.float32, device=dev),
+        b=torch.logit(beta.clamp(1e-12, 1 - 1e-12)).to(dt).contiguous(),
+        scale=inputs.scale,
+        initial_state=inputs.state_pool.transpose(-1, -2).contiguous(),
+        initial_state_indices=inputs.state_indices.to(torch.int32),
+    )
+
+
 # ----------------------------------------------------------------------------- the adapter
 class FlashinferBackend(Backend):
     name = "flashinfer"
@@ -179,6 +224,7 @@ class FlashinferBackend(Backend):
     families = ("gdn", "kda")
     devices = ("cuda",)
     no_backward = "has no backward (its GDN prefill and KDA kernels are forward-only, no autograd)"
+    decode_routes = ("explicit", "flag")
 
     def is_available(self):
         try:
@@ -204,6 +250,8 @@ class FlashinferBackend(Backend):
             return no(f"K={shape.K}, V={shape.V}: flashinfer's {shape.family} kernels take head size 128 only")
         major, minor = _capability()
         sm = f"sm{major}{minor}"
+        if mode == "decode":
+            return self._decode_support(shape, sm, major)
         if shape.family == "gdn":
             if shape.dtype not in ("bfloat16", "float16"):
                 return no(f"dtype {shape.dtype}: chunk_gated_delta_rule takes fp16/bf16 q/k/v only")
@@ -232,8 +280,36 @@ class FlashinferBackend(Backend):
             return no(one_line(e, "flashinfer has no recurrent_kda"))
         return YES
 
+    def _decode_support(self, shape, sm: str, major: int):
+        if shape.family != "gdn":
+            return no("decode: only flashinfer's GDN decode (gdn_decode) is adapted; its KDA kernels are Blackwell-only "
+                      "prefill (recurrent_kda)")
+        if shape.dtype not in ("bfloat16", "float16"):
+            return no(f"dtype {shape.dtype}: gated_delta_rule_decode_pretranspose takes fp16/bf16 q/k/v only")
+        if shape.state_dtype not in ("float32", "bfloat16"):
+            return no(f"state_dtype {shape.state_dtype}: flashinfer's decode pools are fp32 or bf16")
+        if shape.HV % shape.H:
+            return no(f"H={shape.H}, HV={shape.HV}: GVA needs HV a multiple of H")
+        if major < 9:
+            return no(f"gdn_decode needs SM90+; this GPU is {sm}")
+        try:
+            import inspect
+
+            params = inspect.signature(_decode_op()).parameters
+        except Exception as e:
+            return no(one_line(e, "flashinfer has no gdn_decode.gated_delta_rule_decode_pretranspose"))
+        if not all(a in params for a in DECODE_POOL_ARGS):
+            return no(f"flashinfer {self.version()}: gated_delta_rule_decode_pretranspose has no state-pool arguments "
+                      f"({', '.join(DECODE_POOL_ARGS)}); needs a newer flashinfer")
+        return YES
+
     def variant(self, shape, route):
         v = f"flashinfer {self.version()}"
+        if shape.decode:
+            how = "caller l2norm, use_qk_l2norm=False" if route == "explicit" else "use_qk_l2norm=True (in-kernel)"
+            return (f"{v} gdn_decode.gated_delta_rule_decode_pretranspose pool mode (K-last copy of the pool made in "
+                    f"prepare, initial_state_indices int32), raw gates a=log(expm1(-g)), b=logit(beta), A_log=0, "
+                    f"dt_bias=0, {how}")
         if shape.family == "kda":
             return (f"{v} recurrent_kda(use_gate_in_kernel, beta_is_logit, lower_bound, in-kernel l2norm) "
                     "on our gate inverted to raw z=logit(g/lb), A_log=0, dt_bias=0 (bf16 gate/beta/state)")
@@ -277,4 +353,17 @@ class FlashinferBackend(Backend):
                 work.copy_(pristine)
             out = op(initial_state=work, **kw)
             return from_flashinfer_kda(out[0], out[1])
+        return call
+
+    def prepare_decode(self, shape, route, inputs):
+        op = _decode_op()
+        kw = to_flashinfer_decode(inputs, shape)
+        q, k, pool = kw.pop("q"), kw.pop("k"), kw["initial_state"]
+        N, HV, V = shape.B, shape.HV, shape.V
+        flag = route == "flag"
+
+        def call():
+            qq, kk = (q, k) if flag else (_caller_l2norm(q), _caller_l2norm(k))
+            o, _ = op(q=qq, k=kk, use_qk_l2norm=flag, **kw)
+            return o.view(1, N, HV, V), pool.transpose(-1, -2)
         return call

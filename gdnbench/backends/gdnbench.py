@@ -16,6 +16,7 @@ class GdnbenchBackend(Backend):
     families = ("gdn",)
     devices = ("cuda", "cpu")
     no_backward = "has no backward (gdnbench.ops is a forward-only Triton op, no autograd)"
+    no_decode = "has no decode kernel (gdnbench.ops is a chunked forward)"
 
     def __init__(self):
         self._resolved: dict = {}

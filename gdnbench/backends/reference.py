@@ -1,11 +1,12 @@
 """The pure-torch fp64 recurrence as a backend: the CPU smoke runs' backend (slow by design).
 
 It is plain torch, so autograd runs through it: it is also the CPU backend of mode fwd_bwd,
-for every training route."""
+for every training route, and of mode decode (gather the N states, one fp64 step, store them
+back in place at the pool's dtype)."""
 
 from __future__ import annotations
 
-from .base import TRAIN_ROUTES, Backend
+from .base import DECODE_ROUTES, TRAIN_ROUTES, Backend
 
 VARIANTS = {"explicit": " (caller l2norm)", "flag": " (l2norm inside)",
             "megatron": " (megatron: l2norm on fused q|k, split, repeat_interleave to HV heads)",
@@ -16,6 +17,7 @@ class ReferenceBackend(Backend):
     name = "reference"
     routes = ("explicit", "flag")
     train_routes = TRAIN_ROUTES
+    decode_routes = DECODE_ROUTES
     devices = ("cpu", "cuda")
     graph_safe = False
 
@@ -25,7 +27,9 @@ class ReferenceBackend(Backend):
         return __version__
 
     def variant(self, shape, route: str) -> str:
-        return "torch fp64 token recurrence" + VARIANTS.get(route, "")
+        what = "torch fp64 one-token step on pool[idx], stored back with index_copy_" if shape.decode else \
+            "torch fp64 token recurrence"
+        return what + VARIANTS.get(route, "")
 
     def caller_l2norm(self, x):
         from ..reference import l2norm
@@ -53,3 +57,18 @@ class ReferenceBackend(Backend):
         if route == "flag":
             return lambda: kern(q, k)
         return lambda: kern(self.caller_l2norm(q), self.caller_l2norm(k))
+
+    def prepare_decode(self, shape, route, inputs):
+        from ..reference import decode_step
+
+        pool, idx = inputs.state_pool, inputs.state_indices
+        q, k, v, g, beta = inputs.q, inputs.k, inputs.v, inputs.g, inputs.beta
+        flag = route == "flag"
+
+        def call():
+            qq, kk = (q, k) if flag else (self.caller_l2norm(q), self.caller_l2norm(k))
+            o, s = decode_step(qq, kk, v, g, beta, pool.index_select(0, idx), scale=inputs.scale, normalize=flag)
+            pool.index_copy_(0, idx, s.to(pool.dtype))
+            return o.to(v.dtype), pool
+
+        return call

@@ -144,12 +144,6 @@ def validate(config: GDNConfig, K: int, V: int, dtype_bytes: int = 2) -> None:
         smem = _smem_estimate(name, c, K, V, dtype_bytes)
         if smem > SMEM_LIMIT_BYTES:
             raise ValueError(f"config.{name} needs ~{smem} B of shared memory (> {SMEM_LIMIT_BYTES})")
-    if block(config.output_fused.BK, K) < K:
-        # Measured on the H200 (Triton 3.6): with the output kernel split into two K tiles
-        # (BK 64, BV 128, 4 warps) fused_q gave rel-RMS error 0.26-0.33 on all six gdn-qwen6
-        # shapes while explicit, flag and fused_qk passed; BK 128 passed. The interpreter is
-        # right at BK 64, so the cause is in the compiled loop; until it is found, one tile.
-        raise ValueError(f"config.output_fused.BK={config.output_fused.BK} must cover K={K} in one tile")
 
 
 @functools.lru_cache(maxsize=None)

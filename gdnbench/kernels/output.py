@@ -9,7 +9,8 @@ the raw-q products can overflow fp32 only for |q| rows beyond ~1e36.
 
 QN (experiment, H200 timing pending): 1 = overflow-safe pair of sums in the loop;
 2 = one sum in the loop, the pre-scaled sum only when a row of the tile is huge;
-3 = q normalized on load (one K tile), then the dots on normalized q.
+3 = q normalized on load (one K tile), then the dots on normalized q; 4 = the sums as the
+diagonal of an extra q q^T dot; 5 = like 2 from a second load of the q tile.
 """
 
 import triton
@@ -38,12 +39,13 @@ def _rescue_lo(qb, rows, m_t, ssq, K: tl.constexpr, stride, BK: tl.constexpr):
 @triton.jit
 def _qh_qk(qb, kb, hb, rows, m_t, o_v, r_k, K: tl.constexpr, V: tl.constexpr, stride,
            BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
-           QN: tl.constexpr, FUSE_K: tl.constexpr, PREC: tl.constexpr):
+           QN: tl.constexpr, FUSE_K: tl.constexpr, KCOL: tl.constexpr, PREC: tl.constexpr):
     """(q h, q k^T, q rows' sums of squares) accumulated over the K-tile loop."""
     b_o = tl.zeros([BT, BV], dtype=tl.float32)
     b_s = tl.zeros([BT, BT], dtype=tl.float32)
     ssq = tl.zeros([BT], dtype=tl.float32)
     lo = tl.zeros([BT], dtype=tl.float32)
+    b_qq = tl.zeros([BT, BT], dtype=tl.float32)
     for i_k in range(tl.cdiv(K, BK)):
         o_k = i_k * BK + tl.arange(0, BK)
         m_k = o_k < K
@@ -61,13 +63,20 @@ def _qh_qk(qb, kb, hb, rows, m_t, o_v, r_k, K: tl.constexpr, V: tl.constexpr, st
             s1 = tl.sum(qf * qf, 1)
             r_q = l2_rstd(s1, _rescue_lo(qb, rows, m_t, s1, K, stride, BK))
             b_q = (qf * r_q[:, None]).to(b_q.dtype)
+        if QN == 5:
+            qf = _q_tile(qb, rows, m_t, o_k, K, stride).to(tl.float32)
+            ssq += tl.sum(qf * qf, 1)
         b_kt = tl.load(kb + rows[None, :] * stride + o_k[:, None], mask=m_k[:, None] & m_t[None, :], other=0.0)
-        if FUSE_K:
+        if FUSE_K and not KCOL:
             b_kt = (b_kt.to(tl.float32) * r_k[None, :]).to(b_kt.dtype)
         b_h = tl.load(hb + o_k[:, None] * V + o_v[None, :], mask=m_k[:, None] & (o_v < V)[None, :], other=0.0)
         b_o = tl.dot(b_q, b_h, b_o, input_precision=PREC)
         b_s = tl.dot(b_q, b_kt, b_s, input_precision=PREC)
-    if QN == 2:
+        if QN == 4:
+            b_qq = tl.dot(b_q, tl.trans(b_q), b_qq, input_precision=PREC)
+    if QN == 4:
+        ssq = tl.sum(tl.where(rows[:, None] == rows[None, :], b_qq, 0.0), 1)
+    if QN == 2 or QN == 4 or QN == 5:
         lo = _rescue_lo(qb, rows, m_t, ssq, K, stride, BK)
     return b_o, b_s, ssq, lo
 
@@ -78,7 +87,7 @@ def output_kernel(
     H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
     BK: tl.constexpr, BV: tl.constexpr, BT: tl.constexpr,
     IS_VARLEN: tl.constexpr, FUSE_Q: tl.constexpr, FUSE_K: tl.constexpr, PREC: tl.constexpr,
-    QN: tl.constexpr = 0,
+    QN: tl.constexpr = 0, KCOL: tl.constexpr = False,
 ):
     """Grid (cdiv(V, BV), chunks, B*HV)."""
     i_v, i_c, i_bh = tl.program_id(0), tl.program_id(1), tl.program_id(2)
@@ -97,13 +106,15 @@ def output_kernel(
     r_k = tl.zeros([BT], dtype=tl.float32)
     if FUSE_K:
         r_k = tl.load(rstd_k + tok0 * H + i_h + rows * H, mask=m_t, other=0.0)
-    b_o, b_s, ssq, lo = _qh_qk(qb, kb, hb, rows, m_t, o_v, r_k, K, V, H * K, BT, BK, BV, QN, FUSE_K, PREC)
+    b_o, b_s, ssq, lo = _qh_qk(qb, kb, hb, rows, m_t, o_v, r_k, K, V, H * K, BT, BK, BV, QN, FUSE_K, KCOL, PREC)
 
+    if FUSE_K and KCOL:
+        b_s = b_s * r_k[None, :]
     c = tl.load(g_cs + tok0 * HV + i_hv + rows * HV, mask=m_t, other=0.0)
     b_o = b_o * tl.math.exp2(c)[:, None]
     keep = (rows[:, None] >= rows[None, :]) & m_t[:, None] & m_t[None, :]
     b_s = tl.where(keep, b_s * tl.math.exp2(c[:, None] - c[None, :]), 0.0)
-    if QN == 1 or QN == 2:
+    if QN == 1 or QN == 2 or QN == 4 or QN == 5:
         # scale before the cast: an unnormalized fp16 row could overflow fp16
         r_q = l2_rstd(ssq, lo)
         b_o = b_o * r_q[:, None]
