@@ -300,7 +300,7 @@ def plot(
 
             path = roofline_chart(doc, calib, out, kind)
         else:
-            path = draw(doc, out, kind, baseline)
+            path = draw(doc, out, kind, baseline, mode=rep.run_mode(doc))
     except ValueError as e:  # nothing to plot
         _fail(f"{file}: {e}")
     console.print(f"[green]wrote[/green] {path}")

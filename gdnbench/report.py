@@ -346,12 +346,13 @@ def report_tables(doc: dict, baseline: str | None = None, pairs: list[str] | Non
     return tables
 
 
-def compare(a: dict, b: dict, mode: str = "fwd", backends: list[str] | None = None) -> list[Table]:
+def compare(a: dict, b: dict, mode: str | None = None, backends: list[str] | None = None) -> list[Table]:
     """Per-row and geomean B/A time ratios of two runs of the same shape set.
 
     Rows skipped in both runs are left out; every other row without a time on both sides is
     listed as excluded. `backends` restricts the comparison (e.g. to a backend whose code
     did not change between the runs)."""
+    mode = mode or run_mode(a)
     ha, hb = a["shape_set"]["hash"], b["shape_set"]["hash"]
     if ha != hb:
         raise CompareError(f"shape sets differ: {a['shape_set']['name']} v{a['shape_set']['version']} ({ha[:19]}) vs "
