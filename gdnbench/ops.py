@@ -217,7 +217,7 @@ def state_recurrence(k, w, u, g_cs, *, rstd_k=None, initial_state=None, output_f
 
 
 def chunk_output(q, k, v_new, h, g_cs, *, scale, rstd_k=None, fuse_q=False, varlen=None,
-                 config: GDNConfig = DEFAULT_CONFIG, qn: int = 2, kcol: bool = False):
+                 config: GDNConfig = DEFAULT_CONFIG):
     """Stage 4: o [B,T,HV,V] in v_new's dtype."""
     B, T, H, K = q.shape
     HV, V = v_new.shape[2], v_new.shape[3]
@@ -228,7 +228,7 @@ def chunk_output(q, k, v_new, h, g_cs, *, scale, rstd_k=None, fuse_q=False, varl
     _launch(output_kernel, (triton.cdiv(V, BV), n_grid, B * HV), cfg,
             q, k, v_new, h, g_cs, rstd_k, o, *_varlen_args(varlen), float(scale), T, NT,
             H=H, HV=HV, K=K, V=V, BK=block(cfg.BK, K), BV=BV, BT=CHUNK_SIZE,
-            IS_VARLEN=varlen is not None, FUSE_Q=fuse_q, FUSE_K=rstd_k is not None, PREC=_precision(q.dtype), QN=qn if fuse_q else 0, KCOL=kcol)
+            IS_VARLEN=varlen is not None, FUSE_Q=fuse_q, FUSE_K=rstd_k is not None, PREC=_precision(q.dtype))
     return o
 
 

@@ -46,9 +46,10 @@ def test_start_point_is_the_default_config_and_blocks_are_clamped():
     from gdnbench.kernels.config import GDNConfig, KernelConfig, validate
 
     space = at.build_space("output_fused", 32, 32, "float32")
-    assert space.start == {"BK": 32, "BV": 32, "num_warps": 8, "num_stages": 1, "maxnreg": None}
+    assert space.start == {"BK": 32, "BV": 32, "num_warps": 4, "num_stages": 3, "maxnreg": 168}
     assert dict(space.dims)["BK"] == (16, 32)  # 64.. would compile to the same code as 32
-    assert not space.is_valid({**space.start, "BK": 16})  # output_fused needs one K tile
+    assert space.is_valid({**space.start, "BK": 16})  # two K tiles are fine in the fused launch too
+    assert not space.is_valid({**space.start, "num_warps": 16, "maxnreg": 248})  # register file
     with pytest.raises(ValueError, match="register file"):
         validate(GDNConfig(state=KernelConfig(BV=32, num_warps=16, num_stages=2, maxnreg=200)), 128, 128)
 

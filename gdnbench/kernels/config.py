@@ -66,10 +66,10 @@ class GDNConfig:
     state: KernelConfig = field(default_factory=lambda: KernelConfig(BV=32, num_warps=4, num_stages=3))
     # output, per (V block, chunk, batch*head)
     output: KernelConfig = field(default_factory=lambda: KernelConfig(BK=64, BV=128, num_warps=4, num_stages=2))
-    # output with q's norm folded in (fused_q, fused_qk): one K tile, see validate(); with one
-    # K iteration there is nothing to pipeline, and 1 stage keeps K=256 in shared memory
-    output_fused: KernelConfig = field(default_factory=lambda: KernelConfig(BK=256, BV=64, num_warps=8,
-                                                                           num_stages=1))
+    # output with q's norm folded in (fused_q, fused_qk): the extra q q^T dot wants 3 stages and a
+    # register cap (H200: 115.7 us uncapped, 104.7 us at maxnreg 168, see kernels/output.py)
+    output_fused: KernelConfig = field(default_factory=lambda: KernelConfig(BK=32, BV=128, num_warps=4,
+                                                                           num_stages=3, maxnreg=168))
 
 
 DEFAULT_CONFIG = GDNConfig()

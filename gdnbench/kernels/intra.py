@@ -14,7 +14,8 @@ block row, using tl.dot.  A is stored in k's dtype for the w/u kernel.
 import triton
 import triton.language as tl
 
-from .common import LOG2E, SSQ_BIG, chunk_coords, l2_rstd, sq_sums
+from .common import LOG2E, SSQ_BIG, chunk_coords
+from .output import row_rstd
 
 
 @triton.jit
@@ -23,25 +24,18 @@ def _load_rows(base, rows, m_t, o_k, K: tl.constexpr, stride):
 
 
 @triton.jit
-def _row_prep(x, r, ssq, lo, STATS: tl.constexpr, NORMALIZE: tl.constexpr):
-    """Accumulate the row's two sums of squares (STATS) and/or return it normalized by r (NORMALIZE)."""
-    if STATS:
-        a, b = sq_sums(x.to(tl.float32))
-        ssq += a
-        lo += b
+def _normalized(x, r, NORMALIZE: tl.constexpr):
     if NORMALIZE:
         x = (x.to(tl.float32) * r[:, None]).to(x.dtype)
-    return x, ssq, lo
+    return x
 
 
 @triton.jit
 def _gram_blocks(kb, r0, r1, r2, r3, m0, m1, m2, m3, n0, n1, n2, n3, stride,
-                 K: tl.constexpr, BK: tl.constexpr, BC: tl.constexpr,
-                 STATS: tl.constexpr, NORMALIZE: tl.constexpr, PREC: tl.constexpr):
-    """Lower blocks G_ij = K_i K_j^T (i >= j) of one chunk's gram.
-
-    STATS: also the rows' sums of squares (see common.sq_sums); NORMALIZE: rows
-    multiplied by their rstd n_i on load."""
+                 K: tl.constexpr, BK: tl.constexpr, BC: tl.constexpr, NORMALIZE: tl.constexpr,
+                 PREC: tl.constexpr):
+    """Lower blocks G_ij = K_i K_j^T (i >= j) of one chunk's gram; NORMALIZE: rows multiplied
+    by their rstd n_i on load."""
     g00 = tl.zeros([BC, BC], dtype=tl.float32)
     g10 = tl.zeros([BC, BC], dtype=tl.float32)
     g11 = tl.zeros([BC, BC], dtype=tl.float32)
@@ -52,24 +46,12 @@ def _gram_blocks(kb, r0, r1, r2, r3, m0, m1, m2, m3, n0, n1, n2, n3, stride,
     g31 = tl.zeros([BC, BC], dtype=tl.float32)
     g32 = tl.zeros([BC, BC], dtype=tl.float32)
     g33 = tl.zeros([BC, BC], dtype=tl.float32)
-    q0 = tl.zeros([BC], dtype=tl.float32)
-    q1 = tl.zeros([BC], dtype=tl.float32)
-    q2 = tl.zeros([BC], dtype=tl.float32)
-    q3 = tl.zeros([BC], dtype=tl.float32)
-    x0 = tl.zeros([BC], dtype=tl.float32)
-    x1 = tl.zeros([BC], dtype=tl.float32)
-    x2 = tl.zeros([BC], dtype=tl.float32)
-    x3 = tl.zeros([BC], dtype=tl.float32)
     for i_k in range(tl.cdiv(K, BK)):
         o_k = i_k * BK + tl.arange(0, BK)
-        k0 = _load_rows(kb, r0, m0, o_k, K, stride)
-        k1 = _load_rows(kb, r1, m1, o_k, K, stride)
-        k2 = _load_rows(kb, r2, m2, o_k, K, stride)
-        k3 = _load_rows(kb, r3, m3, o_k, K, stride)
-        k0, q0, x0 = _row_prep(k0, n0, q0, x0, STATS, NORMALIZE)
-        k1, q1, x1 = _row_prep(k1, n1, q1, x1, STATS, NORMALIZE)
-        k2, q2, x2 = _row_prep(k2, n2, q2, x2, STATS, NORMALIZE)
-        k3, q3, x3 = _row_prep(k3, n3, q3, x3, STATS, NORMALIZE)
+        k0 = _normalized(_load_rows(kb, r0, m0, o_k, K, stride), n0, NORMALIZE)
+        k1 = _normalized(_load_rows(kb, r1, m1, o_k, K, stride), n1, NORMALIZE)
+        k2 = _normalized(_load_rows(kb, r2, m2, o_k, K, stride), n2, NORMALIZE)
+        k3 = _normalized(_load_rows(kb, r3, m3, o_k, K, stride), n3, NORMALIZE)
         g00 = tl.dot(k0, tl.trans(k0), g00, input_precision=PREC)
         g10 = tl.dot(k1, tl.trans(k0), g10, input_precision=PREC)
         g11 = tl.dot(k1, tl.trans(k1), g11, input_precision=PREC)
@@ -80,7 +62,12 @@ def _gram_blocks(kb, r0, r1, r2, r3, m0, m1, m2, m3, n0, n1, n2, n3, stride,
         g31 = tl.dot(k3, tl.trans(k1), g31, input_precision=PREC)
         g32 = tl.dot(k3, tl.trans(k2), g32, input_precision=PREC)
         g33 = tl.dot(k3, tl.trans(k3), g33, input_precision=PREC)
-    return g00, g10, g11, g20, g21, g22, g30, g31, g32, g33, q0, q1, q2, q3, x0, x1, x2, x3
+    return g00, g10, g11, g20, g21, g22, g30, g31, g32, g33
+
+
+@triton.jit
+def _diag(G, o):
+    return tl.sum(tl.where(o[:, None] == o[None, :], G, 0.0), 1)
 
 
 @triton.jit
@@ -156,24 +143,29 @@ def gram_solve_kernel(
     b2 = tl.load(bb + r2 * HV, mask=m2, other=0.0).to(tl.float32)
     b3 = tl.load(bb + r3 * HV, mask=m3, other=0.0).to(tl.float32)
 
-    # ---- gram K K^T on raw k; with FUSE_K also each k row's sums of squares -> rstd_k
+    # ---- gram K K^T on raw k; with FUSE_K, rstd_k from the diagonal blocks (the rows' sums
+    # of squares, free), written here where k is first read
     kb = k + tok0 * (H * K) + i_h * K
     one = tl.full([BC], 1.0, dtype=tl.float32)
-    g00, g10, g11, g20, g21, g22, g30, g31, g32, g33, q0, q1, q2, q3, x0, x1, x2, x3 = _gram_blocks(
-        kb, r0, r1, r2, r3, m0, m1, m2, m3, one, one, one, one, H * K, K, BK, BC, FUSE_K, False, PREC)
+    g00, g10, g11, g20, g21, g22, g30, g31, g32, g33 = _gram_blocks(
+        kb, r0, r1, r2, r3, m0, m1, m2, m3, one, one, one, one, H * K, K, BK, BC, False, PREC)
     if FUSE_K:
-        n0, n1, n2, n3 = l2_rstd(q0, x0), l2_rstd(q1, x1), l2_rstd(q2, x2), l2_rstd(q3, x3)
+        s0, s1, s2, s3 = _diag(g00, o), _diag(g11, o), _diag(g22, o), _diag(g33, o)
+        n0 = row_rstd(kb, r0, m0, s0, K, H * K, BK)
+        n1 = row_rstd(kb, r1, m1, s1, K, H * K, BK)
+        n2 = row_rstd(kb, r2, m2, s2, K, H * K, BK)
+        n3 = row_rstd(kb, r3, m3, s3, K, H * K, BK)
         if i_hv % (HV // H) == 0:  # one writer per key head
             rb = rstd_k + tok0 * H + i_h
             tl.store(rb + r0 * H, n0, mask=m0)
             tl.store(rb + r1 * H, n1, mask=m1)
             tl.store(rb + r2 * H, n2, mask=m2)
             tl.store(rb + r3 * H, n3, mask=m3)
-        qm = tl.maximum(tl.maximum(tl.max(q0, 0), tl.max(q1, 0)), tl.maximum(tl.max(q2, 0), tl.max(q3, 0)))
-        if qm >= SSQ_BIG:
+        sm = tl.maximum(tl.maximum(tl.max(s0, 0), tl.max(s1, 0)), tl.maximum(tl.max(s2, 0), tl.max(s3, 0)))
+        if sm >= SSQ_BIG:
             # rare: a huge row may have overflowed the raw gram; redo it on rows normalized on load
-            g00, g10, g11, g20, g21, g22, g30, g31, g32, g33, q0, q1, q2, q3, x0, x1, x2, x3 = _gram_blocks(
-                kb, r0, r1, r2, r3, m0, m1, m2, m3, n0, n1, n2, n3, H * K, K, BK, BC, False, True, PREC)
+            g00, g10, g11, g20, g21, g22, g30, g31, g32, g33 = _gram_blocks(
+                kb, r0, r1, r2, r3, m0, m1, m2, m3, n0, n1, n2, n3, H * K, K, BK, BC, True, PREC)
         else:
             # gram of normalized rows = diag(n) G diag(n)
             g00 = g00 * n0[:, None] * n0[None, :]

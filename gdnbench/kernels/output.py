@@ -1,84 +1,70 @@
 """Output kernel: o = scale * (exp(g) * (q h) + causal(q k^T * exp(g_i - g_j)) v_new).
 
-FUSE_Q folds q's l2 norm in: every q-dependent term is linear in q's row, so
-the K-tile loop runs on the raw q, accumulates each row's sum of squares in
-fp32, and one row factor 1/sqrt(ssq + eps) is applied at the end, before the
-fp32 -> 16-bit cast of the intra-chunk gram.  FUSE_K normalizes each k^T tile
-on load with rstd_k (so a huge raw k row cannot overflow q k^T).  Limitation:
-the raw-q products can overflow fp32 only for |q| rows beyond ~1e36.
+FUSE_Q folds q's l2 norm in: every q-dependent term is linear in q's row, so the
+K-tile loop runs on the raw q and one row factor 1/sqrt(ssq + eps) is applied at
+the end, before the fp32 -> 16-bit cast of the intra-chunk gram.  The row sums
+of squares are the diagonal of one more tensor-core product, q q^T, accumulated
+in the same loop.  Measured on the H200 (B1 T8192 H16 HV32 K=V=128 bf16, Triton
+3.6, results/nvidia-h200/logs/20261130_output_variants.log): the q q^T diagonal
+costs 104.7 us for the stage against 98.6 us unfused; summing the squares of the
+loaded q tile instead (tl.sum in the loop) cost 117-121 us, and with the loop
+software-pipelined (BK 64, 4 warps, 2 stages) it gave wrong sums (rel-RMS 0.23 of o),
+as did a pair of such sums, while the dot is right in every config.
 
-QN (experiment, H200 timing pending): 1 = overflow-safe pair of sums in the loop;
-2 = one sum in the loop, the pre-scaled sum only when a row of the tile is huge;
-3 = q normalized on load (one K tile), then the dots on normalized q; 4 = the sums as the
-diagonal of an extra q q^T dot; 5 = like 2 from a second load of the q tile.
+FUSE_K scales the columns of q k^T by rstd_k (k's rows) after the loop, so no k
+tile is rewritten (when a chunk holds a huge k row, whose raw product with q could
+overflow, that chunk normalizes its k tiles on load instead).  A row whose plain sum of squares reaches 2^100 (|x| ~ 1e15
+and up) gets its rstd from a pre-scaled sum (common.l2_rstd), re-read from q
+only then.  Limitation: the raw-q products can overflow fp32 only for |q| rows
+beyond ~1e36.
 """
 
 import triton
 import triton.language as tl
 
-from .common import SSQ_BIG, SSQ_LO, chunk_coords, l2_rstd, sq_sums
+from .common import SSQ_BIG, SSQ_LO, chunk_coords, l2_rstd
+
+RSTD_SMALL = tl.constexpr(2.0**-50)  # rstd of a row whose sum of squares reached SSQ_BIG
 
 
 @triton.jit
-def _q_tile(qb, rows, m_t, o_k, K: tl.constexpr, stride):
-    return tl.load(qb + rows[:, None] * stride + o_k[None, :], mask=m_t[:, None] & (o_k < K)[None, :], other=0.0)
-
-
-@triton.jit
-def _rescue_lo(qb, rows, m_t, ssq, K: tl.constexpr, stride, BK: tl.constexpr):
-    """Pre-scaled sums of squares (common.sq_sums' second sum), computed only when some row's
-    plain sum reached SSQ_BIG (a row of magnitude ~1e15 and up: rare), by re-reading q."""
+def row_rstd(xb, rows, m_t, ssq, K: tl.constexpr, stride, BK: tl.constexpr):
+    """1/sqrt(ssq + eps) of the rows of x (base xb, row stride ``stride``) given their plain
+    sums of squares; the pre-scaled sums are computed, by re-reading x, only when some row's
+    plain sum reached SSQ_BIG (inf included): a rare path."""
     lo = tl.zeros_like(ssq)
     if tl.max(ssq, 0) >= SSQ_BIG:
         for i_k in range(tl.cdiv(K, BK)):
-            xl = _q_tile(qb, rows, m_t, i_k * BK + tl.arange(0, BK), K, stride).to(tl.float32) * SSQ_LO
+            o_k = i_k * BK + tl.arange(0, BK)
+            x = tl.load(xb + rows[:, None] * stride + o_k[None, :], mask=m_t[:, None] & (o_k < K)[None, :],
+                        other=0.0)
+            xl = x.to(tl.float32) * SSQ_LO
             lo += tl.sum(xl * xl, 1)
-    return lo
+    return l2_rstd(ssq, lo)
 
 
 @triton.jit
 def _qh_qk(qb, kb, hb, rows, m_t, o_v, r_k, K: tl.constexpr, V: tl.constexpr, stride,
-           BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
-           QN: tl.constexpr, FUSE_K: tl.constexpr, KCOL: tl.constexpr, PREC: tl.constexpr):
-    """(q h, q k^T, q rows' sums of squares) accumulated over the K-tile loop."""
+           BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, FUSE_Q: tl.constexpr,
+           K_ON_LOAD: tl.constexpr, PREC: tl.constexpr):
+    """(q h, q k^T, q q^T) accumulated over the K-tile loop; q q^T only with FUSE_Q; K_ON_LOAD:
+    k's columns multiplied by r_k on load."""
     b_o = tl.zeros([BT, BV], dtype=tl.float32)
     b_s = tl.zeros([BT, BT], dtype=tl.float32)
-    ssq = tl.zeros([BT], dtype=tl.float32)
-    lo = tl.zeros([BT], dtype=tl.float32)
     b_qq = tl.zeros([BT, BT], dtype=tl.float32)
     for i_k in range(tl.cdiv(K, BK)):
         o_k = i_k * BK + tl.arange(0, BK)
         m_k = o_k < K
-        b_q = _q_tile(qb, rows, m_t, o_k, K, stride)
-        if QN == 1:
-            a, b = sq_sums(b_q.to(tl.float32))
-            ssq += a
-            lo += b
-        if QN == 2:
-            qf = b_q.to(tl.float32)
-            ssq += tl.sum(qf * qf, 1)
-        if QN == 3:
-            tl.static_assert(BK >= K, "QN=3 needs one K tile")
-            qf = b_q.to(tl.float32)
-            s1 = tl.sum(qf * qf, 1)
-            r_q = l2_rstd(s1, _rescue_lo(qb, rows, m_t, s1, K, stride, BK))
-            b_q = (qf * r_q[:, None]).to(b_q.dtype)
-        if QN == 5:
-            qf = _q_tile(qb, rows, m_t, o_k, K, stride).to(tl.float32)
-            ssq += tl.sum(qf * qf, 1)
+        b_q = tl.load(qb + rows[:, None] * stride + o_k[None, :], mask=m_t[:, None] & m_k[None, :], other=0.0)
         b_kt = tl.load(kb + rows[None, :] * stride + o_k[:, None], mask=m_k[:, None] & m_t[None, :], other=0.0)
-        if FUSE_K and not KCOL:
+        if K_ON_LOAD:
             b_kt = (b_kt.to(tl.float32) * r_k[None, :]).to(b_kt.dtype)
         b_h = tl.load(hb + o_k[:, None] * V + o_v[None, :], mask=m_k[:, None] & (o_v < V)[None, :], other=0.0)
         b_o = tl.dot(b_q, b_h, b_o, input_precision=PREC)
         b_s = tl.dot(b_q, b_kt, b_s, input_precision=PREC)
-        if QN == 4:
+        if FUSE_Q:
             b_qq = tl.dot(b_q, tl.trans(b_q), b_qq, input_precision=PREC)
-    if QN == 4:
-        ssq = tl.sum(tl.where(rows[:, None] == rows[None, :], b_qq, 0.0), 1)
-    if QN == 2 or QN == 4 or QN == 5:
-        lo = _rescue_lo(qb, rows, m_t, ssq, K, stride, BK)
-    return b_o, b_s, ssq, lo
+    return b_o, b_s, b_qq
 
 
 @triton.jit(do_not_specialize=["T", "NT"])
@@ -87,7 +73,6 @@ def output_kernel(
     H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
     BK: tl.constexpr, BV: tl.constexpr, BT: tl.constexpr,
     IS_VARLEN: tl.constexpr, FUSE_Q: tl.constexpr, FUSE_K: tl.constexpr, PREC: tl.constexpr,
-    QN: tl.constexpr = 0, KCOL: tl.constexpr = False,
 ):
     """Grid (cdiv(V, BV), chunks, B*HV)."""
     i_v, i_c, i_bh = tl.program_id(0), tl.program_id(1), tl.program_id(2)
@@ -103,20 +88,25 @@ def output_kernel(
     qb = q + tok0 * (H * K) + i_h * K
     kb = k + tok0 * (H * K) + i_h * K
     hb = h + (i_g * HV + i_hv) * K * V
-    r_k = tl.zeros([BT], dtype=tl.float32)
     if FUSE_K:
         r_k = tl.load(rstd_k + tok0 * H + i_h + rows * H, mask=m_t, other=0.0)
-    b_o, b_s, ssq, lo = _qh_qk(qb, kb, hb, rows, m_t, o_v, r_k, K, V, H * K, BT, BK, BV, QN, FUSE_K, KCOL, PREC)
+        if tl.min(tl.where(m_t, r_k, 1.0), 0) < RSTD_SMALL:
+            # rare: a huge k row (raw q k^T could overflow); normalize k on load instead
+            b_o, b_s, b_qq = _qh_qk(qb, kb, hb, rows, m_t, o_v, r_k, K, V, H * K, BT, BK, BV, FUSE_Q, True, PREC)
+        else:
+            b_o, b_s, b_qq = _qh_qk(qb, kb, hb, rows, m_t, o_v, r_k, K, V, H * K, BT, BK, BV, FUSE_Q, False, PREC)
+            b_s = b_s * r_k[None, :]
+    else:
+        b_o, b_s, b_qq = _qh_qk(qb, kb, hb, rows, m_t, o_v, m_t, K, V, H * K, BT, BK, BV, FUSE_Q, False, PREC)
 
-    if FUSE_K and KCOL:
-        b_s = b_s * r_k[None, :]
     c = tl.load(g_cs + tok0 * HV + i_hv + rows * HV, mask=m_t, other=0.0)
     b_o = b_o * tl.math.exp2(c)[:, None]
     keep = (rows[:, None] >= rows[None, :]) & m_t[:, None] & m_t[None, :]
     b_s = tl.where(keep, b_s * tl.math.exp2(c[:, None] - c[None, :]), 0.0)
-    if QN == 1 or QN == 2 or QN == 4 or QN == 5:
+    if FUSE_Q:
         # scale before the cast: an unnormalized fp16 row could overflow fp16
-        r_q = l2_rstd(ssq, lo)
+        ssq = tl.sum(tl.where(rows[:, None] == rows[None, :], b_qq, 0.0), 1)
+        r_q = row_rstd(qb, rows, m_t, ssq, K, H * K, BK)
         b_o = b_o * r_q[:, None]
         b_s = b_s * r_q[:, None]
 

@@ -36,12 +36,9 @@ def _w_times_h(wb, rows, m_t, o_k, b_h, acc, K: tl.constexpr, stride, PREC: tl.c
 
 
 @triton.jit
-def _add_kv(kb, rows, m_t, o_k, b_vd, b_h, r_k, K: tl.constexpr, stride, FUSE_K: tl.constexpr,
-            PREC: tl.constexpr):
-    """h_piece += k[:, piece]^T @ v_decayed, k normalized on load when FUSE_K."""
+def _add_kv(kb, rows, m_t, o_k, b_vd, b_h, K: tl.constexpr, stride, PREC: tl.constexpr):
+    """h_piece += k[:, piece]^T @ v_decayed."""
     b_kt = tl.load(kb + rows[None, :] * stride + o_k[:, None], mask=(o_k < K)[:, None] & m_t[None, :], other=0.0)
-    if FUSE_K:
-        b_kt = (b_kt.to(tl.float32) * r_k[None, :]).to(b_kt.dtype)
     return tl.dot(b_kt, b_vd, b_h, input_precision=PREC)
 
 
@@ -131,18 +128,18 @@ def state_kernel(
         last = tl.minimum(n_valid, BT) - 1
         c_last = tl.load(gb + last * HV)
         c = tl.load(gb + rows * HV, mask=m_t, other=0.0)
-        b_vd = (b_vn * tl.where(m_t, tl.math.exp2(c_last - c), 0.0)[:, None]).to(k.dtype.element_ty)
+        row_f = tl.where(m_t, tl.math.exp2(c_last - c), 0.0)
+        if FUSE_K:  # k's row norms ride on v's rows: (k diag-scaled)^T v = k^T (diag(r) v)
+            row_f *= tl.load(rstd_k + tok * H + i_h + rows * H, mask=m_t, other=0.0)
+        b_vd = (b_vn * row_f[:, None]).to(k.dtype.element_ty)
         d_last = tl.math.exp2(c_last)
-        r_k = tl.zeros([BT], dtype=tl.float32)
-        if FUSE_K:
-            r_k = tl.load(rstd_k + tok * H + i_h + rows * H, mask=m_t, other=0.0)
-        b_h1 = _add_kv(kb, rows, m_t, o_k1, b_vd, b_h1 * d_last, r_k, K, H * K, FUSE_K, PREC)
+        b_h1 = _add_kv(kb, rows, m_t, o_k1, b_vd, b_h1 * d_last, K, H * K, PREC)
         if K > 64:
-            b_h2 = _add_kv(kb, rows, m_t, o_k2, b_vd, b_h2 * d_last, r_k, K, H * K, FUSE_K, PREC)
+            b_h2 = _add_kv(kb, rows, m_t, o_k2, b_vd, b_h2 * d_last, K, H * K, PREC)
         if K > 128:
-            b_h3 = _add_kv(kb, rows, m_t, o_k3, b_vd, b_h3 * d_last, r_k, K, H * K, FUSE_K, PREC)
+            b_h3 = _add_kv(kb, rows, m_t, o_k3, b_vd, b_h3 * d_last, K, H * K, PREC)
         if K > 192:
-            b_h4 = _add_kv(kb, rows, m_t, o_k4, b_vd, b_h4 * d_last, r_k, K, H * K, FUSE_K, PREC)
+            b_h4 = _add_kv(kb, rows, m_t, o_k4, b_vd, b_h4 * d_last, K, H * K, PREC)
 
     if STORE_HT:
         pt = ht + i_nh.to(tl.int64) * K * V
