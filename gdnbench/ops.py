@@ -165,13 +165,13 @@ def l2norm(x: torch.Tensor, config: L2NormConfig | None = None) -> torch.Tensor:
 # ----------------------------------------------------------------------------- stages
 def gram_solve(k, g, beta, *, varlen=None, fuse_k=False, config: GDNConfig = DEFAULT_CONFIG):
     """Stage 1: (g_cs [B,T,HV] fp32 = cumsum(g)*log2 e per chunk, A [B,T,HV,64] in k's dtype,
-    k_stats [B,T,HV,2] fp32 or None: k's row rstd and exp2(c_last - c) * rstd, fused_qk only)."""
+    rstd_k [B,T,H] fp32 or None)."""
     B, T, H, K = k.shape
     HV = beta.shape[2]
     n_grid, NT = _chunk_grid(B, T, varlen)
     g_cs = torch.empty(B, T, HV, device=k.device, dtype=torch.float32)
     A = torch.empty(B, T, HV, CHUNK_SIZE, device=k.device, dtype=k.dtype)
-    rstd_k = torch.empty(B, T, HV, 2, device=k.device, dtype=torch.float32) if fuse_k else None
+    rstd_k = torch.empty(B, T, H, device=k.device, dtype=torch.float32) if fuse_k else None
     cfg = config.gram
     _launch(gram_solve_kernel, (n_grid, B * HV), cfg,
             k, g, beta, g_cs, A, rstd_k, *_varlen_args(varlen), T, NT,

@@ -58,18 +58,6 @@ def sq_sums(xf):
 
 
 @triton.jit
-def prescaled_ssq(xb, rows, m_t, K: tl.constexpr, stride, BK: tl.constexpr):
-    """sum((x * 2^-70)^2) of rows of x (base xb, row stride ``stride``), read in BK tiles."""
-    lo = tl.zeros([rows.shape[0]], dtype=tl.float32)
-    for i_k in range(tl.cdiv(K, BK)):
-        o_k = i_k * BK + tl.arange(0, BK)
-        x = tl.load(xb + rows[:, None] * stride + o_k[None, :], mask=m_t[:, None] & (o_k < K)[None, :], other=0.0)
-        xl = x.to(tl.float32) * SSQ_LO
-        lo += tl.sum(xl * xl, 1)
-    return lo
-
-
-@triton.jit
 def l2_rstd(ssq, ssq_lo):
     """1/sqrt(sum(x^2) + eps), overflow-safe given both sums from :func:`sq_sums`."""
     big = ssq >= SSQ_BIG

@@ -14,7 +14,8 @@ block row, using tl.dot.  A is stored in k's dtype for the w/u kernel.
 import triton
 import triton.language as tl
 
-from .common import LOG2E, SSQ_BIG, chunk_coords, l2_rstd, prescaled_ssq
+from .common import LOG2E, SSQ_BIG, chunk_coords
+from .output import row_rstd
 
 
 @triton.jit
@@ -106,8 +107,7 @@ def gram_solve_kernel(
     IS_VARLEN: tl.constexpr, FUSE_K: tl.constexpr, PREC: tl.constexpr,
 ):
     """Grid (chunks, B*HV).  Writes g_cs (chunk-local cumsum of g, times log2 e), A = (I + L)^-1,
-    and, with FUSE_K, k_stats (``rstd_k``) [.., HV, 2]: 1/||k_row|| and exp2(c_last - c)/||k_row||
-    (computed here, where k is first read; the second is the state update's row factor)."""
+    and, with FUSE_K, rstd_k = 1/||k_row|| (computed here, where k is first read)."""
     i_c, i_bh = tl.program_id(0), tl.program_id(1)
     i_b, i_hv = i_bh // HV, i_bh % HV
     i_h = i_hv // (HV // H)
@@ -151,27 +151,19 @@ def gram_solve_kernel(
         kb, r0, r1, r2, r3, m0, m1, m2, m3, one, one, one, one, H * K, K, BK, BC, False, PREC)
     if FUSE_K:
         s0, s1, s2, s3 = _diag(g00, o), _diag(g11, o), _diag(g22, o), _diag(g33, o)
-        huge = tl.maximum(tl.maximum(tl.max(s0, 0), tl.max(s1, 0)), tl.maximum(tl.max(s2, 0), tl.max(s3, 0))) >= SSQ_BIG
-        lo0, lo1, lo2, lo3 = tl.zeros_like(s0), tl.zeros_like(s1), tl.zeros_like(s2), tl.zeros_like(s3)
-        if huge:  # rare: some row's plain sum overflowed or nearly so; pre-scaled sums from a re-read
-            lo0 = prescaled_ssq(kb, r0, m0, K, H * K, BK)
-            lo1 = prescaled_ssq(kb, r1, m1, K, H * K, BK)
-            lo2 = prescaled_ssq(kb, r2, m2, K, H * K, BK)
-            lo3 = prescaled_ssq(kb, r3, m3, K, H * K, BK)
-        n0, n1, n2, n3 = l2_rstd(s0, lo0), l2_rstd(s1, lo1), l2_rstd(s2, lo2), l2_rstd(s3, lo3)
-        # k_stats[tok, hv] = (rstd, exp2(c_last - c) * rstd): the state update's row factor
-        c_last = (tl.sum(g0, 0) + tl.sum(g1, 0) + tl.sum(g2, 0) + tl.sum(g3, 0)) * LOG2E
-        sb = rstd_k + (tok0 * HV + i_hv) * 2
-        tl.store(sb + r0 * (2 * HV), n0, mask=m0)
-        tl.store(sb + r1 * (2 * HV), n1, mask=m1)
-        tl.store(sb + r2 * (2 * HV), n2, mask=m2)
-        tl.store(sb + r3 * (2 * HV), n3, mask=m3)
-        tl.store(sb + r0 * (2 * HV) + 1, tl.math.exp2(c_last - c0) * n0, mask=m0)
-        tl.store(sb + r1 * (2 * HV) + 1, tl.math.exp2(c_last - c1) * n1, mask=m1)
-        tl.store(sb + r2 * (2 * HV) + 1, tl.math.exp2(c_last - c2) * n2, mask=m2)
-        tl.store(sb + r3 * (2 * HV) + 1, tl.math.exp2(c_last - c3) * n3, mask=m3)
-        if huge:
-            # a huge row may have overflowed the raw gram; redo it on rows normalized on load
+        n0 = row_rstd(kb, r0, m0, s0, K, H * K, BK)
+        n1 = row_rstd(kb, r1, m1, s1, K, H * K, BK)
+        n2 = row_rstd(kb, r2, m2, s2, K, H * K, BK)
+        n3 = row_rstd(kb, r3, m3, s3, K, H * K, BK)
+        if i_hv % (HV // H) == 0:  # one writer per key head
+            rb = rstd_k + tok0 * H + i_h
+            tl.store(rb + r0 * H, n0, mask=m0)
+            tl.store(rb + r1 * H, n1, mask=m1)
+            tl.store(rb + r2 * H, n2, mask=m2)
+            tl.store(rb + r3 * H, n3, mask=m3)
+        sm = tl.maximum(tl.maximum(tl.max(s0, 0), tl.max(s1, 0)), tl.maximum(tl.max(s2, 0), tl.max(s3, 0)))
+        if sm >= SSQ_BIG:
+            # rare: a huge row may have overflowed the raw gram; redo it on rows normalized on load
             g00, g10, g11, g20, g21, g22, g30, g31, g32, g33 = _gram_blocks(
                 kb, r0, r1, r2, r3, m0, m1, m2, m3, n0, n1, n2, n3, H * K, K, BK, BC, True, PREC)
         else:
@@ -245,7 +237,7 @@ def wu_kernel(
 ):
     """Grid (chunks, B*HV).  w = A (beta * exp(g) * k_norm) and u = A (beta * v).
 
-    With FUSE_K the row factor rstd (k_stats[..., 0]) is folded into the per-row scale of k,
+    With FUSE_K the row factor rstd_k is folded into the per-row scale of k,
     so the normalized k is never materialized."""
     i_c, i_bh = tl.program_id(0), tl.program_id(1)
     i_b, i_hv = i_bh // HV, i_bh % HV
@@ -270,7 +262,7 @@ def wu_kernel(
 
     row_scale = b_beta * tl.math.exp2(tl.load(g_cs + tok0 * HV + i_hv + rows * HV, mask=m_t, other=0.0))
     if FUSE_K:
-        row_scale *= tl.load(rstd_k + (tok0 * HV + i_hv + rows * HV) * 2, mask=m_t, other=0.0)
+        row_scale *= tl.load(rstd_k + tok0 * H + i_h + rows * H, mask=m_t, other=0.0)
     kb = k + tok0 * (H * K) + i_h * K
     wb = w + tok0 * (HV * K) + i_hv * K
     for i_k in range(tl.cdiv(K, BK)):

@@ -11,7 +11,7 @@ loaded q tile instead (tl.sum in the loop) cost 117-121 us, and with the loop
 software-pipelined (BK 64, 4 warps, 2 stages) it gave wrong sums (rel-RMS 0.23 of o),
 as did a pair of such sums, while the dot is right in every config.
 
-FUSE_K scales the columns of q k^T by k's row rstd (k_stats[..., 0]) after the loop, so no k
+FUSE_K scales the columns of q k^T by rstd_k (k's rows) after the loop, so no k
 tile is rewritten (when a chunk holds a huge k row, whose raw product with q could
 overflow, that chunk normalizes its k tiles on load instead).  A row whose plain sum of squares reaches 2^100 (|x| ~ 1e15
 and up) gets its rstd from a pre-scaled sum (common.l2_rstd), re-read from q
@@ -22,19 +22,24 @@ beyond ~1e36.
 import triton
 import triton.language as tl
 
-from .common import SSQ_BIG, chunk_coords, l2_rstd, prescaled_ssq
+from .common import SSQ_BIG, SSQ_LO, chunk_coords, l2_rstd
 
 RSTD_SMALL = tl.constexpr(2.0**-50)  # rstd of a row whose sum of squares reached SSQ_BIG
 
 
 @triton.jit
 def row_rstd(xb, rows, m_t, ssq, K: tl.constexpr, stride, BK: tl.constexpr):
-    """1/sqrt(ssq + eps) of the rows of x given their plain sums of squares; the pre-scaled
-    sums are computed, by re-reading x, only when some row's plain sum reached SSQ_BIG (inf
-    included): a rare path."""
+    """1/sqrt(ssq + eps) of the rows of x (base xb, row stride ``stride``) given their plain
+    sums of squares; the pre-scaled sums are computed, by re-reading x, only when some row's
+    plain sum reached SSQ_BIG (inf included): a rare path."""
     lo = tl.zeros_like(ssq)
     if tl.max(ssq, 0) >= SSQ_BIG:
-        lo = prescaled_ssq(xb, rows, m_t, K, stride, BK)
+        for i_k in range(tl.cdiv(K, BK)):
+            o_k = i_k * BK + tl.arange(0, BK)
+            x = tl.load(xb + rows[:, None] * stride + o_k[None, :], mask=m_t[:, None] & (o_k < K)[None, :],
+                        other=0.0)
+            xl = x.to(tl.float32) * SSQ_LO
+            lo += tl.sum(xl * xl, 1)
     return l2_rstd(ssq, lo)
 
 
@@ -84,7 +89,7 @@ def output_kernel(
     kb = k + tok0 * (H * K) + i_h * K
     hb = h + (i_g * HV + i_hv) * K * V
     if FUSE_K:
-        r_k = tl.load(rstd_k + (tok0 * HV + i_hv + rows * HV) * 2, mask=m_t, other=0.0)
+        r_k = tl.load(rstd_k + tok0 * H + i_h + rows * H, mask=m_t, other=0.0)
         if tl.min(tl.where(m_t, r_k, 1.0), 0) < RSTD_SMALL:
             # rare: a huge k row (raw q k^T could overflow); normalize k on load instead
             b_o, b_s, b_qq = _qh_qk(qb, kb, hb, rows, m_t, o_v, r_k, K, V, H * K, BT, BK, BV, FUSE_Q, True, PREC)

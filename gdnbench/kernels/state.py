@@ -127,10 +127,10 @@ def state_kernel(
         # decay to the chunk end, then add the chunk's keys/values
         last = tl.minimum(n_valid, BT) - 1
         c_last = tl.load(gb + last * HV)
-        if FUSE_K:  # k's row norms ride on v's rows; the gram kernel stored exp2(c_last - c) * rstd
-            row_f = tl.load(rstd_k + (tok * HV + i_hv + rows * HV) * 2 + 1, mask=m_t, other=0.0)
-        else:
-            row_f = tl.where(m_t, tl.math.exp2(c_last - tl.load(gb + rows * HV, mask=m_t, other=0.0)), 0.0)
+        c = tl.load(gb + rows * HV, mask=m_t, other=0.0)
+        row_f = tl.where(m_t, tl.math.exp2(c_last - c), 0.0)
+        if FUSE_K:  # k's row norms ride on v's rows: (k diag-scaled)^T v = k^T (diag(r) v)
+            row_f *= tl.load(rstd_k + tok * H + i_h + rows * H, mask=m_t, other=0.0)
         b_vd = (b_vn * row_f[:, None]).to(k.dtype.element_ty)
         d_last = tl.math.exp2(c_last)
         b_h1 = _add_kv(kb, rows, m_t, o_k1, b_vd, b_h1 * d_last, K, H * K, PREC)
