@@ -170,8 +170,14 @@ def register(app: typer.Typer) -> None:
         check_tokens: Optional[int] = typer.Option(None, help="Gate input length cap (default 8192; 1024 on CPU)."),
         warmup: int = typer.Option(5), rounds: int = typer.Option(3), iters: int = typer.Option(20),
         timeout: float = typer.Option(600.0, help="Seconds one candidate may take before its worker is killed."),
+        report: bool = typer.Option(False, "--report", help="Print the cache's default vs tuned table; tune nothing."),
+        plot: Optional[Path] = typer.Option(None, "--plot", help="With --report: write a time-vs-maxnreg chart "
+                                             "per cache entry into this folder."),
     ):
         """Tune block sizes, warps, stages and register caps of our kernels per shape; cache the winners."""
+        if report:
+            _report(cache_dir, plot)
+            return
         try:
             fam = _pick([family], ("gdn", "kda", "all"), "--family")[0]
             kernel_l = _pick(kernels, _known_kernels(), "--kernels")
@@ -222,6 +228,26 @@ def register(app: typer.Typer) -> None:
             _fail("interrupted: the searches finished so far are in the cache", 130)
         if dist.rank == 0:
             console.print(f"{len(entries)} searches written under {opts.cache_dir}")
+
+
+def _report(cache_dir: Optional[Path], plot_dir: Optional[Path]) -> None:
+    """The tuning cache as a table (and charts): what `gdnbench autotune --report` prints."""
+    from . import autotune as at
+    from .cli import _print_tables
+
+    root = cache_dir or at.tuned.TUNED_DIR
+    table = at.report_table(root)
+    if not table.rows:
+        _fail(f"no tuning cache entries under {root}")
+    _print_tables([table])
+    if plot_dir is not None:
+        for path in sorted(Path(root).glob("*/*.json")):
+            for e in at.tuned.load_entries(path):
+                name = f"{path.parent.name}_{e['kernel']}_{e['variant']}_{e['key']['shape_key']}.png"
+                try:
+                    console.print(f"chart {at.chart(e, Path(plot_dir) / name)}")
+                except ValueError as err:  # no ok candidates: say so, keep going
+                    console.print(f"[yellow]{name}: {err}[/yellow]")
 
 
 def _known_kernels() -> tuple:

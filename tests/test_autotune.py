@@ -349,3 +349,15 @@ def test_crashing_worker_costs_one_candidate_and_restarts():
         client.close()
     assert [r["status"] for r in results] == ["ok", "crashed", "ok", "crashed"]
     assert "exit code 17" in results[1]["reason"] and "illegal memory access" in results[1]["reason"]
+
+
+def test_report_cli_prints_the_cache_and_charts(tmp_path):
+    """--report reads the committed H200 cache (tuned on the GPU) and draws one chart per entry."""
+    from gdnbench.cli import app
+
+    res = CliRunner().invoke(app, ["autotune", "--report", "--plot", str(tmp_path)], env={"COLUMNS": "250"})
+    assert res.exit_code == 0, res.output
+    assert "output_fused" in res.output and "nvidia-h200" in res.output
+    assert len(list(tmp_path.glob("*.png"))) >= 2
+    empty = CliRunner().invoke(app, ["autotune", "--report", "--cache-dir", str(tmp_path / "none")])
+    assert empty.exit_code == 2 and "no tuning cache entries" in empty.output
