@@ -66,6 +66,8 @@ def measure(device: str = "cuda", copy_bytes: int = 2 * 2**30, matmul_n: int = 8
         raise NoCudaError(f"calibration needs a CUDA device, and torch {torch.__version__} sees none "
                           f"(built with CUDA {torch.version.cuda})")
     dev = torch.device(device)
+    if dev.index is None:  # torch 2.11's set_device rejects a bare "cuda" (measured on the H200 image)
+        dev = torch.device("cuda", torch.cuda.current_device())
     torch.cuda.set_device(dev)
     gen = torch.Generator(device=dev).manual_seed(0)
 
