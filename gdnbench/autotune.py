@@ -459,7 +459,7 @@ class _Bench:
         k = x.k if fuse_k else ops.l2norm(x.k)
         q = x.q if fuse_q else ops.l2norm(x.q)
         g_cs, A, rk = ops.gram_solve(k, x.g, x.beta, varlen=info, fuse_k=fuse_k, config=cfg)
-        w, u = ops.recompute_wu(k, x.v, x.beta, A, g_cs, rstd_k=rk, varlen=info, config=cfg)
+        w, u, _ = ops.recompute_wu(k, x.v, x.beta, A, g_cs, rstd_k=rk, varlen=info, config=cfg)
         h0 = None if x.initial_state is None else x.initial_state.float().contiguous()
         h, vn, _ = ops.state_recurrence(k, w, u, g_cs, rstd_k=rk, initial_state=h0, output_final_state=True,
                                         varlen=info, config=cfg)

@@ -19,7 +19,7 @@ from rich.console import Console
 EXIT_BAD_INPUT = 2
 EXIT_NO_DEVICE = 3
 DEFAULT_SETS = ("gdn-qwen6",)
-NO_KDA = "no kda kernels yet: gdnbench autotune tunes our GDN stage kernels only"
+NO_KDA = "kda is not tuned yet: gdnbench autotune tunes our GDN stage kernels only (chunk_kda runs its defaults)"
 RANK_ENV = "GDNBENCH_AUTOTUNE_RANKED"  # set on the torchrun re-launch: do not re-launch again
 
 console = Console()
@@ -155,7 +155,7 @@ def register(app: typer.Typer) -> None:
         shapes: Optional[list[str]] = typer.Option(None, "--shapes", "-s", help="Shape set names or .toml paths "
                                                     "(default: gdn-qwen6)."),
         shape_ids: Optional[list[str]] = typer.Option(None, "--shape-id", help="Only these shape ids."),
-        family: str = typer.Option("all", help="gdn, kda or all (there are no kda kernels yet)."),
+        family: str = typer.Option("all", help="gdn, kda or all (kda shapes are not tuned yet)."),
         kernels: Optional[list[str]] = typer.Option(None, "--kernels", "-k", help="Comma-separated stage kernels "
                                                      "(default: l2norm,gram,wu,state,output,output_fused)."),
         routes: Optional[list[str]] = typer.Option(None, "--routes", "-r", help="Routes whose kernel "

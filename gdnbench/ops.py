@@ -1,14 +1,19 @@
-"""Our chunked Gated DeltaNet forward in Triton (FLA 0.6.0 ``chunk_gated_delta_rule`` conventions).
+"""Our chunked Gated DeltaNet and Kimi Delta Attention forwards in Triton (FLA 0.6.0
+``chunk_gated_delta_rule`` / ``chunk_kda`` conventions).
 
 Public API
 ----------
 ``chunk_gdn(q, k, v, g, beta, *, scale=None, initial_state=None, output_final_state=False,
 cu_seqlens=None, norm="flag", config=None, chunk_indices=None) -> (o, final_state | None)``
 
+``chunk_kda(q, k, v, g, beta, *, ..., lower_bound=None, ...)``: the same with per-channel
+gates g [B,T,HV,K] (see :func:`chunk_kda`).
+
 ``l2norm(x)``, ``prepare_varlen(cu_seqlens)``, ``GDNConfig`` / ``KernelConfig`` /
-``L2NormConfig`` / ``validate`` and the stage functions (``gram_solve``,
+``L2NormConfig`` / ``validate`` and the stage functions (``gram_solve`` / ``kda_intra``,
 ``recompute_wu``, ``state_recurrence``, ``chunk_output``) used by the benchmark
-scripts to time each kernel on its own.
+scripts to time each kernel on its own.  Stages 2-4 are shared: they take the gate
+kind from g_cs (scalar [B,T,HV] for GDN, per-channel [B,T,HV,K] for KDA).
 
 Shapes: q, k [B,T,H,K]; v [B,T,HV,V] (HV % H == 0, value head i reads key head
 i // (HV // H)); g (natural-log decay, per token) and beta (post-sigmoid)
@@ -27,6 +32,12 @@ kernels), "fused_q" (q's norm folded into the output kernel, k standalone),
 every later use of k; no normalized copy of k is written).  Fused routes are
 forward-only.  Every route is forward-only in the sense that no autograd graph
 is recorded; only the fused routes refuse inputs that require grad.
+
+KDA (``chunk_kda``): stage 1 is ``kda_intra`` (per-channel cumsum, the gated K K^T and
+Q K^T grams, the same solve), stage 2 also writes kg = k * exp(g_last - g) for the
+state update, and the output kernel reads the precomputed gated Q K^T (Aqk) instead
+of k.  Under the fused routes Aqk is built from raw q, and the output kernel scales
+each output row by q's rstd once, at the end.
 """
 
 from __future__ import annotations
@@ -49,7 +60,7 @@ from .kernels.config import (
     default_config,
     validate,
 )
-from .kernels.intra import gram_solve_kernel, wu_kernel
+from .kernels.intra import gram_solve_kernel, kda_intra_kernel, wu_kernel
 from .kernels.output import output_kernel
 from .kernels.state import state_kernel
 
@@ -60,9 +71,11 @@ __all__ = [
     "NORM_MODES",
     "VarlenInfo",
     "chunk_gdn",
+    "chunk_kda",
     "chunk_output",
     "default_config",
     "gram_solve",
+    "kda_intra",
     "l2norm",
     "prepare_varlen",
     "recompute_wu",
@@ -71,6 +84,7 @@ __all__ = [
 ]
 
 NORM_MODES = ("none", "flag", "fused_q", "fused_qk")
+KDA_MIN_LOWER_BOUND = -5.0  # the kernels' gate factors are sized for g >= -5 (kernels/intra.py)
 
 
 # ----------------------------------------------------------------------------- helpers
@@ -180,24 +194,52 @@ def gram_solve(k, g, beta, *, varlen=None, fuse_k=False, config: GDNConfig = DEF
     return g_cs, A, rstd_k
 
 
+def kda_intra(q, k, g, beta, *, varlen=None, fuse_k=False, raw_q=False, config: GDNConfig = DEFAULT_CONFIG):
+    """KDA stage 1: (g_cs [B,T,HV,K] fp32 = per-channel cumsum(g)*log2 e per chunk, A [B,T,HV,64]
+    in k's dtype, Aqk [B,T,HV,64] (gated causal q k^T, unscaled), rstd_k [B,T,H] fp32 or None).
+
+    ``raw_q``: q is not normalized (fused routes); with fp16 storage Aqk is then kept in fp32,
+    since raw-q grams can leave fp16's range (bf16 and fp32 have fp32's)."""
+    B, T, H, K = k.shape
+    HV = beta.shape[2]
+    n_grid, NT = _chunk_grid(B, T, varlen)
+    g_cs = torch.empty(B, T, HV, K, device=k.device, dtype=torch.float32)
+    A = torch.empty(B, T, HV, CHUNK_SIZE, device=k.device, dtype=k.dtype)
+    aqk_dtype = torch.float32 if raw_q and q.dtype == torch.float16 else q.dtype
+    Aqk = torch.empty(B, T, HV, CHUNK_SIZE, device=k.device, dtype=aqk_dtype)
+    rstd_k = torch.empty(B, T, H, device=k.device, dtype=torch.float32) if fuse_k else None
+    cfg = config.kda_intra
+    _launch(kda_intra_kernel, (n_grid, B * HV), cfg,
+            q, k, g, beta, g_cs, A, Aqk, rstd_k, *_varlen_args(varlen), T, NT,
+            H=H, HV=HV, K=K, BK=block(cfg.BK, K), BT=CHUNK_SIZE, BC=SUB_CHUNK,
+            IS_VARLEN=varlen is not None, FUSE_K=fuse_k, PREC=_precision(k.dtype))
+    return g_cs, A, Aqk, rstd_k
+
+
 def recompute_wu(k, v, beta, A, g_cs, *, rstd_k=None, varlen=None, config: GDNConfig = DEFAULT_CONFIG):
-    """Stage 2: w [B,T,HV,K] (k's dtype), u [B,T,HV,V] (v's dtype)."""
+    """Stage 2: w [B,T,HV,K] (k's dtype), u [B,T,HV,V] (v's dtype), and, for per-channel gates
+    (g_cs [B,T,HV,K]), kg = k_norm * exp(g_last - g) [B,T,HV,K] in k's dtype (else None)."""
     B, T, H, K = k.shape
     HV, V = v.shape[2], v.shape[3]
+    per_channel = g_cs.dim() == 4
     n_grid, NT = _chunk_grid(B, T, varlen)
     w = torch.empty(B, T, HV, K, device=k.device, dtype=k.dtype)
     u = torch.empty_like(v)
+    kg = torch.empty_like(w) if per_channel else None
     cfg = config.wu
     _launch(wu_kernel, (n_grid, B * HV), cfg,
-            k, v, beta, g_cs, A, rstd_k, w, u, *_varlen_args(varlen), T, NT,
+            k, v, beta, g_cs, A, rstd_k, w, u, kg, *_varlen_args(varlen), T, NT,
             H=H, HV=HV, K=K, V=V, BK=block(cfg.BK, K), BV=block(cfg.BV, V), BT=CHUNK_SIZE,
-            IS_VARLEN=varlen is not None, FUSE_K=rstd_k is not None, PREC=_precision(k.dtype))
-    return w, u
+            IS_VARLEN=varlen is not None, FUSE_K=rstd_k is not None, PER_CHANNEL=per_channel,
+            PREC=_precision(k.dtype))
+    return w, u, kg
 
 
 def state_recurrence(k, w, u, g_cs, *, rstd_k=None, initial_state=None, output_final_state=False,
                      varlen=None, config: GDNConfig = DEFAULT_CONFIG):
-    """Stage 3: (h [num_chunks, HV, K, V] in k's dtype, v_new like u, final_state [N,HV,K,V] fp32 or None)."""
+    """Stage 3: (h [num_chunks, HV, K, V] in k's dtype, v_new like u, final_state [N,HV,K,V] fp32 or None).
+
+    Per-channel gates (g_cs [B,T,HV,K]): pass stage 2's kg as ``k`` (k's rstd already in it)."""
     B, T, H, K = k.shape
     HV, V = u.shape[2], u.shape[3]
     N = varlen.num_seqs if varlen is not None else B
@@ -211,14 +253,16 @@ def state_recurrence(k, w, u, g_cs, *, rstd_k=None, initial_state=None, output_f
             k, w, u, g_cs, rstd_k, h, v_new, initial_state, ht,
             None if varlen is None else varlen.cu_seqlens, None if varlen is None else varlen.chunk_offsets, T,
             H=H, HV=HV, K=K, V=V, BV=BV, BT=CHUNK_SIZE,
-            IS_VARLEN=varlen is not None, FUSE_K=rstd_k is not None,
+            IS_VARLEN=varlen is not None, FUSE_K=rstd_k is not None, PER_CHANNEL=g_cs.dim() == 4,
             USE_H0=initial_state is not None, STORE_HT=output_final_state, PREC=_precision(k.dtype))
     return h, v_new, ht
 
 
 def chunk_output(q, k, v_new, h, g_cs, *, scale, rstd_k=None, fuse_q=False, varlen=None,
-                 config: GDNConfig = DEFAULT_CONFIG):
-    """Stage 4: o [B,T,HV,V] in v_new's dtype."""
+                 config: GDNConfig = DEFAULT_CONFIG, aqk=None):
+    """Stage 4: o [B,T,HV,V] in v_new's dtype.
+
+    Per-channel gates (g_cs [B,T,HV,K]): pass stage 1's ``aqk``; k is not read (may be None)."""
     B, T, H, K = q.shape
     HV, V = v_new.shape[2], v_new.shape[3]
     n_grid, NT = _chunk_grid(B, T, varlen)
@@ -226,14 +270,15 @@ def chunk_output(q, k, v_new, h, g_cs, *, scale, rstd_k=None, fuse_q=False, varl
     cfg = config.output_fused if fuse_q else config.output
     BV = block(cfg.BV, V)
     _launch(output_kernel, (triton.cdiv(V, BV), n_grid, B * HV), cfg,
-            q, k, v_new, h, g_cs, rstd_k, o, *_varlen_args(varlen), float(scale), T, NT,
+            q, k, v_new, h, g_cs, rstd_k, aqk, o, *_varlen_args(varlen), float(scale), T, NT,
             H=H, HV=HV, K=K, V=V, BK=block(cfg.BK, K), BV=BV, BT=CHUNK_SIZE,
-            IS_VARLEN=varlen is not None, FUSE_Q=fuse_q, FUSE_K=rstd_k is not None, PREC=_precision(q.dtype))
+            IS_VARLEN=varlen is not None, FUSE_Q=fuse_q, FUSE_K=rstd_k is not None,
+            PER_CHANNEL=g_cs.dim() == 4, PREC=_precision(q.dtype))
     return o
 
 
 # ----------------------------------------------------------------------------- entry point
-def _check_inputs(q, k, v, g, beta, initial_state, cu_seqlens, norm):
+def _check_inputs(q, k, v, g, beta, initial_state, cu_seqlens, norm, per_channel=False):
     if norm not in NORM_MODES:
         raise ValueError(f"norm must be one of {NORM_MODES}, got {norm!r}")
     if q.dim() != 4 or k.shape != q.shape:
@@ -244,8 +289,11 @@ def _check_inputs(q, k, v, g, beta, initial_state, cu_seqlens, norm):
     HV, V = v.shape[2], v.shape[3]
     if HV % H:
         raise ValueError(f"HV={HV} must be a multiple of H={H}")
-    if g.shape != (B, T, HV) or beta.shape != (B, T, HV):
-        raise ValueError(f"g and beta must be [B,T,HV]={(B, T, HV)}, got {tuple(g.shape)}, {tuple(beta.shape)}")
+    g_shape, g_name = ((B, T, HV, K), "[B,T,HV,K]") if per_channel else ((B, T, HV), "[B,T,HV]")
+    if g.shape != g_shape:
+        raise ValueError(f"g must be {g_name}={g_shape}, got {tuple(g.shape)}")
+    if beta.shape != (B, T, HV):
+        raise ValueError(f"beta must be [B,T,HV]={(B, T, HV)}, got {tuple(beta.shape)}")
     if not (q.dtype == k.dtype == v.dtype) or q.dtype not in (torch.float16, torch.bfloat16, torch.float32):
         raise ValueError(f"q, k, v must share one of fp16/bf16/fp32, got {q.dtype}, {k.dtype}, {v.dtype}")
     if cu_seqlens is not None and B != 1:
@@ -276,9 +324,32 @@ def chunk_gdn(q, k, v, g, beta, *, scale=None, initial_state=None, output_final_
                         config, chunk_indices)
 
 
+def chunk_kda(q, k, v, g, beta, *, scale=None, initial_state=None, output_final_state=False,
+              cu_seqlens=None, norm="flag", lower_bound=None, config: GDNConfig | None = None,
+              chunk_indices: VarlenInfo | None = None):
+    """Chunked Kimi Delta Attention forward.  Returns (o [B,T,HV,V] in v's dtype, final_state or None).
+
+    As :func:`chunk_gdn` (shapes, GVA, varlen, ``norm``, ``config``) but g [B,T,HV,K] is a
+    per-channel natural-log decay: S = diag(exp(g_t)) S; S += k_t (beta_t (v_t - S^T k_t))^T.
+
+    ``lower_bound`` states the bounded-gate contract g in [lower_bound, 0) with lower_bound in
+    [-5, 0); None means the kernels' own bound, -5.  The intra-chunk gate factors rely on it
+    (at most 15 tokens of decay, e^75, in one factor; see kernels/intra.py): gates below -5
+    can overflow them.  The data is not checked (that would cost a device sync)."""
+    if lower_bound is not None and not KDA_MIN_LOWER_BOUND <= lower_bound < 0:
+        raise ValueError(f"lower_bound must be in [{KDA_MIN_LOWER_BOUND:g}, 0) (the bounded-gate contract "
+                         f"g in [lower_bound, 0)), got {lower_bound!r}")
+    _check_inputs(q, k, v, g, beta, initial_state, cu_seqlens, norm, per_channel=True)
+    with torch.no_grad():
+        config = config or default_config(q.shape[-1], v.shape[-1], q.element_size(), "kda")
+        return _forward(q, k, v, g, beta, scale, initial_state, output_final_state, cu_seqlens, norm,
+                        config, chunk_indices)
+
+
 def _forward(q, k, v, g, beta, scale, initial_state, output_final_state, cu_seqlens, norm, config, chunk_indices):
     K, V = q.shape[-1], v.shape[-1]
-    validate(config, K, V, q.element_size())
+    per_channel = g.dim() == 4
+    validate(config, K, V, q.element_size(), "kda" if per_channel else "gdn")
     scale = K**-0.5 if scale is None else scale
     varlen = None
     if cu_seqlens is not None:
@@ -294,8 +365,17 @@ def _forward(q, k, v, g, beta, scale, initial_state, output_final_state, cu_seql
         q = l2norm(q, config.l2norm)
     fuse_k, fuse_q = norm == "fused_qk", norm in ("fused_q", "fused_qk")
 
+    if per_channel:
+        g_cs, A, aqk, rstd_k = kda_intra(q, k, g, beta, varlen=varlen, fuse_k=fuse_k, raw_q=fuse_q, config=config)
+        w, u, kg = recompute_wu(k, v, beta, A, g_cs, rstd_k=rstd_k, varlen=varlen, config=config)
+        h, v_new, final_state = state_recurrence(kg, w, u, g_cs, initial_state=initial_state,
+                                                 output_final_state=output_final_state, varlen=varlen,
+                                                 config=config)
+        o = chunk_output(q, None, v_new, h, g_cs, scale=scale, fuse_q=fuse_q, varlen=varlen, config=config,
+                         aqk=aqk)
+        return o, final_state
     g_cs, A, rstd_k = gram_solve(k, g, beta, varlen=varlen, fuse_k=fuse_k, config=config)
-    w, u = recompute_wu(k, v, beta, A, g_cs, rstd_k=rstd_k, varlen=varlen, config=config)
+    w, u, _ = recompute_wu(k, v, beta, A, g_cs, rstd_k=rstd_k, varlen=varlen, config=config)
     h, v_new, final_state = state_recurrence(k, w, u, g_cs, rstd_k=rstd_k, initial_state=initial_state,
                                              output_final_state=output_final_state, varlen=varlen, config=config)
     o = chunk_output(q, k, v_new, h, g_cs, scale=scale, rstd_k=rstd_k, fuse_q=fuse_q, varlen=varlen,

@@ -199,8 +199,9 @@ def tuned_config(shape, route: str, env: dict | None, cache_dir: Path = TUNED_DI
     from .kernels.config import default_config, validate
 
     elt = {"float32": 4}.get(shape.dtype, 2)
-    cfg = default_config(shape.K, shape.V, elt)
-    if env is None or os.environ.get(DISABLE_ENV, "1") == "0":
+    cfg = default_config(shape.K, shape.V, elt, shape.family)
+    # the cache holds GDN tunings only: a shape key has no family, and KDA runs other specializations
+    if env is None or os.environ.get(DISABLE_ENV, "1") == "0" or shape.family != "gdn":
         return cfg, "default"
     changed = {}
     for kernel in ROUTE_KERNELS[route]:

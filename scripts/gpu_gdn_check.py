@@ -174,7 +174,7 @@ def stage_times(shape, config: GDNConfig, fuse: bool) -> dict[str, float]:
     if not fuse:
         q, k = ops.l2norm(q), ops.l2norm(k)
     g_cs, A, rk = ops.gram_solve(k, g, beta, varlen=info, fuse_k=fuse, config=config)
-    w, u = ops.recompute_wu(k, v, beta, A, g_cs, rstd_k=rk, varlen=info, config=config)
+    w, u, _ = ops.recompute_wu(k, v, beta, A, g_cs, rstd_k=rk, varlen=info, config=config)
     h, vn, _ = ops.state_recurrence(k, w, u, g_cs, rstd_k=rk, initial_state=h0, output_final_state=True,
                                     varlen=info, config=config)
     t = {}

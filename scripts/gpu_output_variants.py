@@ -84,7 +84,7 @@ def make(shape, dev, dtype):
 
 def stage_inputs(q, k, v, g, beta, h0, info, fuse_k, cfg):
     g_cs, A, rk = ops.gram_solve(k, g, beta, varlen=info, fuse_k=fuse_k, config=cfg)
-    w, u = ops.recompute_wu(k, v, beta, A, g_cs, rstd_k=rk, varlen=info, config=cfg)
+    w, u, _ = ops.recompute_wu(k, v, beta, A, g_cs, rstd_k=rk, varlen=info, config=cfg)
     h, vn, _ = ops.state_recurrence(k, w, u, g_cs, rstd_k=rk, initial_state=h0, varlen=info, config=cfg)
     return g_cs, rk, h, vn
 

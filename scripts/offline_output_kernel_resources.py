@@ -19,7 +19,7 @@ def variant(FUSE_Q, FUSE_K, BK, BV, warps, stages):
     ptr="*bf16"
     sig={n:"constexpr" for n in names}
     sig.update(q=ptr,k=ptr,v_new=ptr,h=ptr,g_cs="*fp32",o=ptr,scale="fp32",T="i32",NT="i32")
-    consts={"H":16,"HV":32,"K":128,"V":128,"BK":BK,"BV":BV,"BT":64,"IS_VARLEN":False,"FUSE_Q":FUSE_Q,"FUSE_K":FUSE_K,"PREC":"tf32","cu_seqlens":None,"chunk_indices":None,"rstd_k":None}
+    consts={"H":16,"HV":32,"K":128,"V":128,"BK":BK,"BV":BV,"BT":64,"IS_VARLEN":False,"FUSE_Q":FUSE_Q,"FUSE_K":FUSE_K,"PER_CHANNEL":False,"PREC":"tf32","cu_seqlens":None,"chunk_indices":None,"rstd_k":None,"aqk":None}
     if FUSE_K: sig["rstd_k"]="*fp32"; del consts["rstd_k"]
     src=ASTSource(fn=output_kernel, signature=sig, constexprs={(names.index(k),):v for k,v in consts.items()})
     k=triton.compile(src, target=GPUTarget("cuda",90,32), options={"num_warps":warps,"num_stages":stages})

@@ -310,7 +310,7 @@ def test_bad_input_is_one_line_exit_2(args, words):
 
 def test_kda_family_is_a_clear_message():
     r = CliRunner().invoke(_app(), ["autotune", "--family", "kda"])
-    assert r.exit_code == 0 and "no kda kernels yet" in r.output
+    assert r.exit_code == 0 and "kda is not tuned yet" in r.output
 
 
 def test_config_label_default_on_cpu():

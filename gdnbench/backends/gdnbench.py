@@ -1,4 +1,5 @@
-"""Our own Triton kernels (gdnbench.ops): GDN forward with the normalization routes.
+"""Our own Triton kernels (gdnbench.ops): GDN (chunk_gdn) and KDA (chunk_kda) forwards with the
+normalization routes.
 
 `explicit` = our l2norm on q and k by the caller, then norm="none"; `flag` = the op's
 standalone l2norm pass; `fused_q` / `fused_qk` = the norm folded into the kernels.
@@ -13,7 +14,7 @@ from .base import YES, Backend, no, one_line
 class GdnbenchBackend(Backend):
     name = "gdnbench"
     routes = ("explicit", "flag", "fused_q", "fused_qk")
-    families = ("gdn",)
+    families = ("gdn", "kda")
     devices = ("cuda", "cpu")
     no_backward = "has no backward (gdnbench.ops is a forward-only Triton op, no autograd)"
     no_decode = "has no decode kernel (gdnbench.ops is a chunked forward)"
@@ -44,7 +45,8 @@ class GdnbenchBackend(Backend):
         return YES
 
     def variant(self, shape, route):
-        return f"gdnbench.ops.chunk_gdn norm={'none' if route == 'explicit' else route}"
+        bound = f" lower_bound={shape.lower_bound}" if shape.family == "kda" else ""
+        return f"gdnbench.ops.chunk_{shape.family} norm={'none' if route == 'explicit' else route}{bound}"
 
     def _config(self, shape, route, device):
         """(GDNConfig or None for the built-in default, label): the autotune cache's config on CUDA.
@@ -69,6 +71,10 @@ class GdnbenchBackend(Backend):
 
         cfg, _ = self._config(shape, route, "cuda" if inputs.q.is_cuda else "cpu")
         kw = dict(scale=inputs.scale, initial_state=inputs.initial_state, output_final_state=True, config=cfg)
+        op = ops.chunk_gdn
+        if shape.family == "kda":
+            op = ops.chunk_kda
+            kw["lower_bound"] = inputs.lower_bound
         if inputs.cu_seqlens is not None:
             kw["cu_seqlens"] = inputs.cu_seqlens
             if hasattr(ops, "prepare_varlen"):
@@ -77,8 +83,8 @@ class GdnbenchBackend(Backend):
         norm_cfg = cfg.l2norm if cfg is not None else None
         if route == "explicit":
             def call():
-                return ops.chunk_gdn(ops.l2norm(q, norm_cfg), ops.l2norm(k, norm_cfg), v, g, beta, norm="none", **kw)
+                return op(ops.l2norm(q, norm_cfg), ops.l2norm(k, norm_cfg), v, g, beta, norm="none", **kw)
         else:
             def call():
-                return ops.chunk_gdn(q, k, v, g, beta, norm=route, **kw)
+                return op(q, k, v, g, beta, norm=route, **kw)
         return call

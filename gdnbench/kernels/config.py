@@ -1,9 +1,11 @@
-"""Launch configurations of the chunked GDN forward kernels.
+"""Launch configurations of the chunked GDN and KDA forward kernels.
 
 Every kernel takes its tunables from one frozen dataclass; :class:`GDNConfig`
-collects them.  Nothing is autotuned at call time: a benchmark harness builds
-configs itself and checks them with :func:`validate` (the single validity
-function) before timing.
+collects them for both ops: KDA (``chunk_kda``) runs the same w/u, state and
+output kernels with per-channel gates, under the same fields, plus its own
+intra-chunk kernel (``kda_intra``).  Nothing is autotuned at call time: a
+benchmark harness builds configs itself and checks them with :func:`validate`
+(the single validity function) before timing.
 
 Block sizes are *upper bounds*: a kernel uses ``min(BK, next_pow2(K))`` (and
 likewise for BV), so the defaults are valid for every supported head size.
@@ -50,7 +52,7 @@ class L2NormConfig:
 
 @dataclass(frozen=True)
 class GDNConfig:
-    """One config per stage kernel of :func:`gdnbench.ops.chunk_gdn`.
+    """One config per stage kernel of :func:`gdnbench.ops.chunk_gdn` and :func:`gdnbench.ops.chunk_kda`.
 
     Defaults are the fastest of ``scripts/gpu_gdn_check.py --sweep`` on the H200
     (B1 T8192 H16 HV32, K = V = 128, bf16, Triton 3.6), per stage: gram 344 -> 126 us
@@ -70,6 +72,10 @@ class GDNConfig:
     # register cap (H200: 115.7 us uncapped, 104.7 us at maxnreg 168, see kernels/output.py)
     output_fused: KernelConfig = field(default_factory=lambda: KernelConfig(BK=32, BV=128, num_warps=4,
                                                                            num_stages=3, maxnreg=168))
+    # KDA only: per-channel gate cumsum, gated K K^T and Q K^T grams, (I + A)^-1 solve, per (chunk, head).
+    # Not timed on a GPU yet: the pick with no register spills in an offline sm_90 compile (Triton 3.9,
+    # K = 128 bf16; BK 32 or 2 stages spill)
+    kda_intra: KernelConfig = field(default_factory=lambda: KernelConfig(BK=16, num_warps=4, num_stages=1))
 
 
 DEFAULT_CONFIG = GDNConfig()
@@ -80,20 +86,23 @@ def block(b: int, dim: int) -> int:
     return min(b, triton.next_power_of_2(dim))
 
 
-def _smem_estimate(name: str, c, K: int, V: int, elt: int) -> int:
+def _smem_estimate(name: str, c, K: int, V: int, elt: int, family: str = "gdn") -> int:
     """Rough estimate of a kernel's shared memory (bytes): pipelined operand tiles x stages.
 
     Calibrated against offline sm_90 compiles; it is a guard against configs that
-    cannot launch, not an exact figure."""
+    cannot launch, not an exact figure.  KDA's kernels also stream fp32 per-channel gate tiles."""
     BT, BC = CHUNK_SIZE, SUB_CHUNK
     st = max(c.num_stages, 1)
+    gate = 4 if family == "kda" else 0  # bytes per element of a [BT, BK] gate tile
     if name == "l2norm":
         return c.BR * triton.next_power_of_2(K) * 4
     if name == "gram":
         return st * 4 * BC * block(c.BK, K) * elt
+    if name == "kda_intra":
+        return st * BT * block(c.BK, K) * (2 * elt + 4)
     if name == "wu":
         bk, bv = block(c.BK, K), block(c.BV, V)
-        return BT * BT * elt + st * BT * max(bk, bv) * elt
+        return BT * BT * elt + st * BT * max(bk, bv) * elt + st * BT * bk * gate
     if name == "state":
         # the pipeliner double-buffers the w and k pieces of every 64-row state piece (measured
         # for fp32; 16-bit builds stay far below this)
@@ -101,12 +110,12 @@ def _smem_estimate(name: str, c, K: int, V: int, elt: int) -> int:
         return max(st - 1, 1) * pieces * 2 * BT * 64 * elt + 2 * BT * bv * elt
     if name in ("output", "output_fused"):
         bk, bv = block(c.BK, K), block(c.BV, V)
-        return st * (2 * BT * bk + bk * bv) * elt + BT * bv * elt + BT * BT * elt
+        return st * (2 * BT * bk + bk * bv) * elt + st * BT * bk * gate + BT * bv * elt + BT * BT * elt
     raise KeyError(name)
 
 
-def validate(config: GDNConfig, K: int, V: int, dtype_bytes: int = 2) -> None:
-    """Raise ValueError if ``config`` cannot run head sizes ``K``/``V``.
+def validate(config: GDNConfig, K: int, V: int, dtype_bytes: int = 2, family: str = "gdn") -> None:
+    """Raise ValueError if ``config`` cannot run head sizes ``K``/``V`` for ``family`` ("gdn" or "kda").
 
     Checks head sizes (multiples of 16, at most 256), block sizes (powers of two
     in 16..256 where the kernel has them), warps/stages/maxnreg ranges, a register
@@ -115,11 +124,13 @@ def validate(config: GDNConfig, K: int, V: int, dtype_bytes: int = 2) -> None:
     """
     if not isinstance(config, GDNConfig):
         raise ValueError(f"config must be a GDNConfig, got {type(config).__name__}")
+    if family not in ("gdn", "kda"):
+        raise ValueError(f"family must be 'gdn' or 'kda', got {family!r}")
     for name, dim in (("K", K), ("V", V)):
         if dim % 16 != 0 or not 16 <= dim <= MAX_HEAD_DIM:
             raise ValueError(f"{name}={dim} must be a multiple of 16 in [16, {MAX_HEAD_DIM}]")
     needs = {"l2norm": (), "gram": ("BK",), "wu": ("BK", "BV"), "state": ("BV",), "output": ("BK", "BV"),
-             "output_fused": ("BK", "BV")}
+             "output_fused": ("BK", "BV"), "kda_intra": ("BK",)}
     for name, blocks in needs.items():
         c = getattr(config, name)
         want = L2NormConfig if name == "l2norm" else KernelConfig
@@ -141,21 +152,21 @@ def validate(config: GDNConfig, K: int, V: int, dtype_bytes: int = 2) -> None:
             # a block whose threads cannot all hold maxnreg registers cannot launch
             raise ValueError(f"config.{name}: maxnreg={c.maxnreg} x {32 * c.num_warps} threads exceeds the "
                              f"register file ({REGISTERS_PER_SM})")
-        smem = _smem_estimate(name, c, K, V, dtype_bytes)
+        smem = _smem_estimate(name, c, K, V, dtype_bytes, family)
         if smem > SMEM_LIMIT_BYTES:
             raise ValueError(f"config.{name} needs ~{smem} B of shared memory (> {SMEM_LIMIT_BYTES})")
 
 
 @functools.lru_cache(maxsize=None)
-def default_config(K: int, V: int, dtype_bytes: int = 2) -> GDNConfig:
-    """DEFAULT_CONFIG with each kernel's num_stages lowered until its shared memory fits.
+def default_config(K: int, V: int, dtype_bytes: int = 2, family: str = "gdn") -> GDNConfig:
+    """DEFAULT_CONFIG with each kernel's num_stages lowered until its shared memory fits ``family``'s kernels.
 
     The defaults are tuned for K = V = 128 in 16-bit storage; there the 3-stage state kernel
     is 1.6x faster than 2 stages, but at K = 256 with fp32 storage it does not fit."""
     cfg = DEFAULT_CONFIG
-    for name in ("gram", "wu", "state", "output", "output_fused"):
+    for name in ("gram", "wu", "state", "output", "output_fused", "kda_intra"):
         c = getattr(cfg, name)
-        while c.num_stages > 1 and _smem_estimate(name, c, K, V, dtype_bytes) > SMEM_LIMIT_BYTES:
+        while c.num_stages > 1 and _smem_estimate(name, c, K, V, dtype_bytes, family) > SMEM_LIMIT_BYTES:
             c = dataclasses.replace(c, num_stages=c.num_stages - 1)
         cfg = dataclasses.replace(cfg, **{name: c})
     return cfg

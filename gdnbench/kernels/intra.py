@@ -9,6 +9,12 @@ The gram is accumulated as ten 16x16 blocks (four diagonal, six below); each
 diagonal block is inverted by forward substitution in exact fp32 and the
 off-diagonal blocks of the inverse follow from (I + L) A = I block row by
 block row, using tl.dot.  A is stored in k's dtype for the w/u kernel.
+
+KDA gates each key channel: its gram kernel (``kda_intra_kernel``) builds the gated
+grams sum_c k_ic k_jc exp(g_ic - g_jc) and the same with q (Aqk, for the output
+kernel), then runs the same solve; the w/u kernel takes the gate kind as a
+constexpr (PER_CHANNEL) and, for KDA, also writes kg = k * exp(g_last - g), the
+state update's key operand.
 """
 
 import triton
@@ -16,6 +22,9 @@ import triton.language as tl
 
 from .common import LOG2E, SSQ_BIG, chunk_coords
 from .output import row_rstd
+
+# KDA, fused_qk: above this sum of squares a raw k row times its e^75 gate factor may overflow fp32
+RAW_K_SSQ_MAX = tl.constexpr(2.0**38)
 
 
 @triton.jit
@@ -71,11 +80,41 @@ def _diag(G, o):
 
 
 @triton.jit
-def _gate_block(G, b_i, c_i, c_j, m_i, m_j, DIAG: tl.constexpr, o):
-    """L_ij = beta_i * G_ij * exp2(c_i - c_j) on valid (and, on the diagonal, strictly lower) entries."""
+def _k_rstd(kb, rstd_k, tok0, i_h, i_hv, r0, r1, r2, r3, m0, m1, m2, m3, g00, g11, g22, g33, o,
+            H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, BK: tl.constexpr):
+    """k's row rstd from the raw gram's diagonal blocks (the rows' sums of squares), stored to rstd_k
+    (one writer per key head); returns the rstd of the four sub-blocks and the largest sum of squares."""
+    s0, s1, s2, s3 = _diag(g00, o), _diag(g11, o), _diag(g22, o), _diag(g33, o)
+    n0 = row_rstd(kb, r0, m0, s0, K, H * K, BK)
+    n1 = row_rstd(kb, r1, m1, s1, K, H * K, BK)
+    n2 = row_rstd(kb, r2, m2, s2, K, H * K, BK)
+    n3 = row_rstd(kb, r3, m3, s3, K, H * K, BK)
+    if i_hv % (HV // H) == 0:
+        rb = rstd_k + tok0 * H + i_h
+        tl.store(rb + r0 * H, n0, mask=m0)
+        tl.store(rb + r1 * H, n1, mask=m1)
+        tl.store(rb + r2 * H, n2, mask=m2)
+        tl.store(rb + r3 * H, n3, mask=m3)
+    sm = tl.maximum(tl.maximum(tl.max(s0, 0), tl.max(s1, 0)), tl.maximum(tl.max(s2, 0), tl.max(s3, 0)))
+    return n0, n1, n2, n3, sm
+
+
+@triton.jit
+def _keep(m_i, m_j, o, DIAG: tl.constexpr, STRICT: tl.constexpr):
+    """Valid entries of block (i, j); on a diagonal block only the lower (STRICT: strictly lower) part."""
     keep = m_i[:, None] & m_j[None, :]
     if DIAG:
-        keep = keep & (o[:, None] > o[None, :])
+        if STRICT:
+            keep = keep & (o[:, None] > o[None, :])
+        else:
+            keep = keep & (o[:, None] >= o[None, :])
+    return keep
+
+
+@triton.jit
+def _gate_block(G, b_i, c_i, c_j, m_i, m_j, DIAG: tl.constexpr, o):
+    """L_ij = beta_i * G_ij * exp2(c_i - c_j) on valid (and, on the diagonal, strictly lower) entries."""
+    keep = _keep(m_i, m_j, o, DIAG, True)
     # where() after the product: exp2 of an out-of-range difference may be inf, never selected
     return tl.where(keep, G * tl.math.exp2(c_i[:, None] - c_j[None, :]) * b_i[:, None], 0.0)
 
@@ -97,6 +136,65 @@ def _unit_lower_inverse(L, o, BC: tl.constexpr):
 @triton.jit
 def _store_block(base, rows, m_t, col0, blk, stride, o):
     tl.store(base + rows[:, None] * stride + (col0 + o)[None, :], blk.to(base.dtype.element_ty), mask=m_t[:, None])
+
+
+@triton.jit
+def _scale_blocks(g00, g10, g11, g20, g21, g22, g30, g31, g32, g33, a0, a1, a2, a3, n0, n1, n2, n3):
+    """diag(a) G diag(n) on the lower blocks (a = n: the gram of rows scaled by n)."""
+    g00 = g00 * a0[:, None] * n0[None, :]
+    g10 = g10 * a1[:, None] * n0[None, :]
+    g11 = g11 * a1[:, None] * n1[None, :]
+    g20 = g20 * a2[:, None] * n0[None, :]
+    g21 = g21 * a2[:, None] * n1[None, :]
+    g22 = g22 * a2[:, None] * n2[None, :]
+    g30 = g30 * a3[:, None] * n0[None, :]
+    g31 = g31 * a3[:, None] * n1[None, :]
+    g32 = g32 * a3[:, None] * n2[None, :]
+    g33 = g33 * a3[:, None] * n3[None, :]
+    return g00, g10, g11, g20, g21, g22, g30, g31, g32, g33
+
+
+@triton.jit
+def _unit_lower_solve(l00, l10, l11, l20, l21, l22, l30, l31, l32, l33, o, BC: tl.constexpr, PREC: tl.constexpr):
+    """(I + L)^-1 of a strictly lower [4 BC, 4 BC] matrix given as its ten lower blocks: diagonal
+    blocks by substitution, then the block rows of (I + L) X = I."""
+    x00 = _unit_lower_inverse(l00, o, BC)
+    x11 = _unit_lower_inverse(l11, o, BC)
+    x22 = _unit_lower_inverse(l22, o, BC)
+    x33 = _unit_lower_inverse(l33, o, BC)
+    x10 = -tl.dot(x11, tl.dot(l10, x00, input_precision=PREC), input_precision=PREC)
+    x21 = -tl.dot(x22, tl.dot(l21, x11, input_precision=PREC), input_precision=PREC)
+    x20 = -tl.dot(x22, tl.dot(l20, x00, input_precision=PREC) + tl.dot(l21, x10, input_precision=PREC),
+                  input_precision=PREC)
+    x32 = -tl.dot(x33, tl.dot(l32, x22, input_precision=PREC), input_precision=PREC)
+    x31 = -tl.dot(x33, tl.dot(l31, x11, input_precision=PREC) + tl.dot(l32, x21, input_precision=PREC),
+                  input_precision=PREC)
+    x30 = -tl.dot(x33, tl.dot(l30, x00, input_precision=PREC) + tl.dot(l31, x10, input_precision=PREC)
+                  + tl.dot(l32, x20, input_precision=PREC), input_precision=PREC)
+    return x00, x10, x11, x20, x21, x22, x30, x31, x32, x33
+
+
+@triton.jit
+def _store_lower(ab, r0, r1, r2, r3, m0, m1, m2, m3, x00, x10, x11, x20, x21, x22, x30, x31, x32, x33,
+                 st, o, BC: tl.constexpr):
+    """Store all 16 blocks of a block-lower [4 BC, 4 BC] tile (zeros above), so it needs no memset."""
+    zero = tl.zeros([BC, BC], dtype=tl.float32)
+    _store_block(ab, r0, m0, 0, x00, st, o)
+    _store_block(ab, r0, m0, BC, zero, st, o)
+    _store_block(ab, r0, m0, 2 * BC, zero, st, o)
+    _store_block(ab, r0, m0, 3 * BC, zero, st, o)
+    _store_block(ab, r1, m1, 0, x10, st, o)
+    _store_block(ab, r1, m1, BC, x11, st, o)
+    _store_block(ab, r1, m1, 2 * BC, zero, st, o)
+    _store_block(ab, r1, m1, 3 * BC, zero, st, o)
+    _store_block(ab, r2, m2, 0, x20, st, o)
+    _store_block(ab, r2, m2, BC, x21, st, o)
+    _store_block(ab, r2, m2, 2 * BC, x22, st, o)
+    _store_block(ab, r2, m2, 3 * BC, zero, st, o)
+    _store_block(ab, r3, m3, 0, x30, st, o)
+    _store_block(ab, r3, m3, BC, x31, st, o)
+    _store_block(ab, r3, m3, 2 * BC, x32, st, o)
+    _store_block(ab, r3, m3, 3 * BC, x33, st, o)
 
 
 @triton.jit(do_not_specialize=["T", "NT"])
@@ -150,34 +248,15 @@ def gram_solve_kernel(
     g00, g10, g11, g20, g21, g22, g30, g31, g32, g33 = _gram_blocks(
         kb, r0, r1, r2, r3, m0, m1, m2, m3, one, one, one, one, H * K, K, BK, BC, False, PREC)
     if FUSE_K:
-        s0, s1, s2, s3 = _diag(g00, o), _diag(g11, o), _diag(g22, o), _diag(g33, o)
-        n0 = row_rstd(kb, r0, m0, s0, K, H * K, BK)
-        n1 = row_rstd(kb, r1, m1, s1, K, H * K, BK)
-        n2 = row_rstd(kb, r2, m2, s2, K, H * K, BK)
-        n3 = row_rstd(kb, r3, m3, s3, K, H * K, BK)
-        if i_hv % (HV // H) == 0:  # one writer per key head
-            rb = rstd_k + tok0 * H + i_h
-            tl.store(rb + r0 * H, n0, mask=m0)
-            tl.store(rb + r1 * H, n1, mask=m1)
-            tl.store(rb + r2 * H, n2, mask=m2)
-            tl.store(rb + r3 * H, n3, mask=m3)
-        sm = tl.maximum(tl.maximum(tl.max(s0, 0), tl.max(s1, 0)), tl.maximum(tl.max(s2, 0), tl.max(s3, 0)))
+        n0, n1, n2, n3, sm = _k_rstd(kb, rstd_k, tok0, i_h, i_hv, r0, r1, r2, r3, m0, m1, m2, m3,
+                                     g00, g11, g22, g33, o, H, HV, K, BK)
         if sm >= SSQ_BIG:
             # rare: a huge row may have overflowed the raw gram; redo it on rows normalized on load
             g00, g10, g11, g20, g21, g22, g30, g31, g32, g33 = _gram_blocks(
                 kb, r0, r1, r2, r3, m0, m1, m2, m3, n0, n1, n2, n3, H * K, K, BK, BC, True, PREC)
         else:
-            # gram of normalized rows = diag(n) G diag(n)
-            g00 = g00 * n0[:, None] * n0[None, :]
-            g10 = g10 * n1[:, None] * n0[None, :]
-            g11 = g11 * n1[:, None] * n1[None, :]
-            g20 = g20 * n2[:, None] * n0[None, :]
-            g21 = g21 * n2[:, None] * n1[None, :]
-            g22 = g22 * n2[:, None] * n2[None, :]
-            g30 = g30 * n3[:, None] * n0[None, :]
-            g31 = g31 * n3[:, None] * n1[None, :]
-            g32 = g32 * n3[:, None] * n2[None, :]
-            g33 = g33 * n3[:, None] * n3[None, :]
+            g00, g10, g11, g20, g21, g22, g30, g31, g32, g33 = _scale_blocks(
+                g00, g10, g11, g20, g21, g22, g30, g31, g32, g33, n0, n1, n2, n3, n0, n1, n2, n3)
 
     # ---- L = strict-lower(beta * gram * decay)
     l00 = _gate_block(g00, b0, c0, c0, m0, m0, True, o)
@@ -191,54 +270,25 @@ def gram_solve_kernel(
     l31 = _gate_block(g31, b3, c3, c1, m3, m1, False, o)
     l32 = _gate_block(g32, b3, c3, c2, m3, m2, False, o)
 
-    # ---- (I + L)^-1: diagonal blocks by substitution, then block rows of (I + L) X = I
-    x00 = _unit_lower_inverse(l00, o, BC)
-    x11 = _unit_lower_inverse(l11, o, BC)
-    x22 = _unit_lower_inverse(l22, o, BC)
-    x33 = _unit_lower_inverse(l33, o, BC)
-    x10 = -tl.dot(x11, tl.dot(l10, x00, input_precision=PREC), input_precision=PREC)
-    x21 = -tl.dot(x22, tl.dot(l21, x11, input_precision=PREC), input_precision=PREC)
-    x20 = -tl.dot(x22, tl.dot(l20, x00, input_precision=PREC) + tl.dot(l21, x10, input_precision=PREC),
-                  input_precision=PREC)
-    x32 = -tl.dot(x33, tl.dot(l32, x22, input_precision=PREC), input_precision=PREC)
-    x31 = -tl.dot(x33, tl.dot(l31, x11, input_precision=PREC) + tl.dot(l32, x21, input_precision=PREC),
-                  input_precision=PREC)
-    x30 = -tl.dot(x33, tl.dot(l30, x00, input_precision=PREC) + tl.dot(l31, x10, input_precision=PREC)
-                  + tl.dot(l32, x20, input_precision=PREC), input_precision=PREC)
-
-    # ---- store all 16 blocks (zeros above the diagonal) so A needs no memset
-    ab = A + tok0 * (HV * BT) + i_hv * BT
-    zero = tl.zeros([BC, BC], dtype=tl.float32)
-    st = HV * BT
-    _store_block(ab, r0, m0, 0, x00, st, o)
-    _store_block(ab, r0, m0, BC, zero, st, o)
-    _store_block(ab, r0, m0, 2 * BC, zero, st, o)
-    _store_block(ab, r0, m0, 3 * BC, zero, st, o)
-    _store_block(ab, r1, m1, 0, x10, st, o)
-    _store_block(ab, r1, m1, BC, x11, st, o)
-    _store_block(ab, r1, m1, 2 * BC, zero, st, o)
-    _store_block(ab, r1, m1, 3 * BC, zero, st, o)
-    _store_block(ab, r2, m2, 0, x20, st, o)
-    _store_block(ab, r2, m2, BC, x21, st, o)
-    _store_block(ab, r2, m2, 2 * BC, x22, st, o)
-    _store_block(ab, r2, m2, 3 * BC, zero, st, o)
-    _store_block(ab, r3, m3, 0, x30, st, o)
-    _store_block(ab, r3, m3, BC, x31, st, o)
-    _store_block(ab, r3, m3, 2 * BC, x32, st, o)
-    _store_block(ab, r3, m3, 3 * BC, x33, st, o)
+    # ---- (I + L)^-1, stored in k's dtype
+    x00, x10, x11, x20, x21, x22, x30, x31, x32, x33 = _unit_lower_solve(
+        l00, l10, l11, l20, l21, l22, l30, l31, l32, l33, o, BC, PREC)
+    _store_lower(A + tok0 * (HV * BT) + i_hv * BT, r0, r1, r2, r3, m0, m1, m2, m3,
+                 x00, x10, x11, x20, x21, x22, x30, x31, x32, x33, HV * BT, o, BC)
 
 
 @triton.jit(do_not_specialize=["T", "NT"])
 def wu_kernel(
-    k, v, beta, g_cs, A, rstd_k, w, u, cu_seqlens, chunk_indices, T, NT,
+    k, v, beta, g_cs, A, rstd_k, w, u, kg, cu_seqlens, chunk_indices, T, NT,
     H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
     BK: tl.constexpr, BV: tl.constexpr, BT: tl.constexpr,
-    IS_VARLEN: tl.constexpr, FUSE_K: tl.constexpr, PREC: tl.constexpr,
+    IS_VARLEN: tl.constexpr, FUSE_K: tl.constexpr, PER_CHANNEL: tl.constexpr, PREC: tl.constexpr,
 ):
     """Grid (chunks, B*HV).  w = A (beta * exp(g) * k_norm) and u = A (beta * v).
 
     With FUSE_K the row factor rstd_k is folded into the per-row scale of k,
-    so the normalized k is never materialized."""
+    so the normalized k is never materialized.  PER_CHANNEL (KDA): g_cs is
+    [B,T,HV,K], exp(g) scales k per element, and kg = k_norm * exp(g_last - g) is written."""
     i_c, i_bh = tl.program_id(0), tl.program_id(1)
     i_b, i_hv = i_bh // HV, i_bh % HV
     i_h = i_hv // (HV // H)
@@ -260,15 +310,209 @@ def wu_kernel(
         b_u = tl.dot(b_A, b_vb, input_precision=PREC)
         tl.store(ub + rows[:, None] * (HV * V) + o_v[None, :], b_u.to(u.dtype.element_ty), mask=msk)
 
-    row_scale = b_beta * tl.math.exp2(tl.load(g_cs + tok0 * HV + i_hv + rows * HV, mask=m_t, other=0.0))
+    row_scale = b_beta
+    if not PER_CHANNEL:
+        row_scale = b_beta * tl.math.exp2(tl.load(g_cs + tok0 * HV + i_hv + rows * HV, mask=m_t, other=0.0))
     if FUSE_K:
-        row_scale *= tl.load(rstd_k + tok0 * H + i_h + rows * H, mask=m_t, other=0.0)
+        r_k = tl.load(rstd_k + tok0 * H + i_h + rows * H, mask=m_t, other=0.0)
+        row_scale *= r_k
     kb = k + tok0 * (H * K) + i_h * K
     wb = w + tok0 * (HV * K) + i_hv * K
+    if PER_CHANNEL:
+        gb = g_cs + tok0 * (HV * K) + i_hv * K
+        kgb = kg + tok0 * (HV * K) + i_hv * K
+        last = tl.minimum(n_valid, BT) - 1
     for i_k in range(tl.cdiv(K, BK)):
         o_k = i_k * BK + tl.arange(0, BK)
         msk = m_t[:, None] & (o_k < K)[None, :]
         b_k = tl.load(kb + rows[:, None] * (H * K) + o_k[None, :], mask=msk, other=0.0)
-        b_kb = (b_k.to(tl.float32) * row_scale[:, None]).to(b_A.dtype)
+        if PER_CHANNEL:
+            b_g = tl.load(gb + rows[:, None] * (HV * K) + o_k[None, :], mask=msk, other=0.0)
+            g_last = tl.load(gb + last * (HV * K) + o_k, mask=o_k < K, other=0.0)
+            b_kg = b_k.to(tl.float32) * tl.math.exp2(g_last[None, :] - b_g)
+            if FUSE_K:
+                b_kg *= r_k[:, None]
+            tl.store(kgb + rows[:, None] * (HV * K) + o_k[None, :], b_kg.to(kg.dtype.element_ty), mask=msk)
+            b_kb = (b_k.to(tl.float32) * tl.math.exp2(b_g) * row_scale[:, None]).to(b_A.dtype)
+        else:
+            b_kb = (b_k.to(tl.float32) * row_scale[:, None]).to(b_A.dtype)
         b_w = tl.dot(b_A, b_kb, input_precision=PREC)
         tl.store(wb + rows[:, None] * (HV * K) + o_k[None, :], b_w.to(w.dtype.element_ty), mask=msk)
+
+
+# ----------------------------------------------------------------------------- KDA (per-channel gates)
+@triton.jit
+def _store_rows(base, rows, m_t, o_k, K: tl.constexpr, stride, x):
+    tl.store(base + rows[:, None] * stride + o_k[None, :], x, mask=m_t[:, None] & (o_k < K)[None, :])
+
+
+@triton.jit
+def _first_row(c, o):
+    return tl.sum(tl.where(o[:, None] == 0, c, 0.0), 0)
+
+
+@triton.jit
+def _gate_cumsum(gb, gcb, r0, r1, r2, r3, m0, m1, m2, m3, o_k, K: tl.constexpr, stride):
+    """Per-channel chunk-local cumsum of g on one K tile, times log2 e, carried across the four
+    sub-blocks; stored to gcb and returned as four [BC, BK] tiles."""
+    g0 = _load_rows(gb, r0, m0, o_k, K, stride).to(tl.float32)
+    g1 = _load_rows(gb, r1, m1, o_k, K, stride).to(tl.float32)
+    g2 = _load_rows(gb, r2, m2, o_k, K, stride).to(tl.float32)
+    g3 = _load_rows(gb, r3, m3, o_k, K, stride).to(tl.float32)
+    s0 = tl.sum(g0, 0)
+    s1 = s0 + tl.sum(g1, 0)
+    s2 = s1 + tl.sum(g2, 0)
+    c0 = tl.cumsum(g0, 0) * LOG2E
+    c1 = (tl.cumsum(g1, 0) + s0[None, :]) * LOG2E
+    c2 = (tl.cumsum(g2, 0) + s1[None, :]) * LOG2E
+    c3 = (tl.cumsum(g3, 0) + s2[None, :]) * LOG2E
+    _store_rows(gcb, r0, m0, o_k, K, stride, c0)
+    _store_rows(gcb, r1, m1, o_k, K, stride, c1)
+    _store_rows(gcb, r2, m2, o_k, K, stride, c2)
+    _store_rows(gcb, r3, m3, o_k, K, stride, c3)
+    return c0, c1, c2, c3
+
+
+@triton.jit
+def _gated_pair(ql, kl, k_j, c_j, p_i, akk, aqk, PREC: tl.constexpr):
+    """Block (i, j) of both gated grams: akk += kl kr^T, aqk += ql kr^T with kr = k_j * exp2(p_i - c_j)."""
+    krt = tl.trans(k_j * tl.math.exp2(p_i[None, :] - c_j))
+    return tl.dot(kl, krt, akk, input_precision=PREC), tl.dot(ql, krt, aqk, input_precision=PREC)
+
+
+@triton.jit
+def _gated_grams(qb, kb, gb, gcb, r0, r1, r2, r3, m0, m1, m2, m3, n0, n1, n2, n3, o,
+                 H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, BK: tl.constexpr, BC: tl.constexpr,
+                 NORMALIZE: tl.constexpr, SSQ: tl.constexpr, PREC: tl.constexpr):
+    """Lower blocks (i >= j) of one chunk's gated grams, sum_c x_ic k_jc exp2(c_ic - c_jc) for
+    x = k (kk) and x = q (qk), with c the per-channel cumsum (stored to gcb on the way).
+    NORMALIZE: k rows multiplied by n on load.  SSQ: also the raw k k^T diagonal blocks (ss), whose
+    diagonals are k's sums of squares.
+
+    exp2(c_i - c_j) is split at p_i, c's first row in sub-block i: q_i and k_i take exp2(c_i - p_i),
+    k_j takes exp2(p_i - c_j).  c does not increase down a chunk, so the first factor is <= 1, and the
+    second is <= 1 for j < i and, on the diagonal, at most 15 tokens of decay: with every g >= -5,
+    e^75 ~ 3.7e32, which fp32 holds times any |k| < 9e5."""
+    z = tl.zeros([BC, BC], dtype=tl.float32)
+    kk00, kk10, kk11, kk20, kk21, kk22, kk30, kk31, kk32, kk33 = z, z, z, z, z, z, z, z, z, z
+    qk00, qk10, qk11, qk20, qk21, qk22, qk30, qk31, qk32, qk33 = z, z, z, z, z, z, z, z, z, z
+    ss0, ss1, ss2, ss3 = z, z, z, z
+    for i_k in range(tl.cdiv(K, BK)):
+        o_k = i_k * BK + tl.arange(0, BK)
+        c0, c1, c2, c3 = _gate_cumsum(gb, gcb, r0, r1, r2, r3, m0, m1, m2, m3, o_k, K, HV * K)
+        p0, p1, p2, p3 = _first_row(c0, o), _first_row(c1, o), _first_row(c2, o), _first_row(c3, o)
+        x0 = _normalized(_load_rows(kb, r0, m0, o_k, K, H * K), n0, NORMALIZE)
+        x1 = _normalized(_load_rows(kb, r1, m1, o_k, K, H * K), n1, NORMALIZE)
+        x2 = _normalized(_load_rows(kb, r2, m2, o_k, K, H * K), n2, NORMALIZE)
+        x3 = _normalized(_load_rows(kb, r3, m3, o_k, K, H * K), n3, NORMALIZE)
+        if SSQ:
+            ss0 = tl.dot(x0, tl.trans(x0), ss0, input_precision=PREC)
+            ss1 = tl.dot(x1, tl.trans(x1), ss1, input_precision=PREC)
+            ss2 = tl.dot(x2, tl.trans(x2), ss2, input_precision=PREC)
+            ss3 = tl.dot(x3, tl.trans(x3), ss3, input_precision=PREC)
+        k0, k1, k2, k3 = x0.to(tl.float32), x1.to(tl.float32), x2.to(tl.float32), x3.to(tl.float32)
+        e0 = tl.math.exp2(c0 - p0[None, :])
+        e1 = tl.math.exp2(c1 - p1[None, :])
+        e2 = tl.math.exp2(c2 - p2[None, :])
+        e3 = tl.math.exp2(c3 - p3[None, :])
+        ql0 = _load_rows(qb, r0, m0, o_k, K, H * K).to(tl.float32) * e0
+        ql1 = _load_rows(qb, r1, m1, o_k, K, H * K).to(tl.float32) * e1
+        ql2 = _load_rows(qb, r2, m2, o_k, K, H * K).to(tl.float32) * e2
+        ql3 = _load_rows(qb, r3, m3, o_k, K, H * K).to(tl.float32) * e3
+        kl0, kl1, kl2, kl3 = k0 * e0, k1 * e1, k2 * e2, k3 * e3
+        kk00, qk00 = _gated_pair(ql0, kl0, k0, c0, p0, kk00, qk00, PREC)
+        kk10, qk10 = _gated_pair(ql1, kl1, k0, c0, p1, kk10, qk10, PREC)
+        kk11, qk11 = _gated_pair(ql1, kl1, k1, c1, p1, kk11, qk11, PREC)
+        kk20, qk20 = _gated_pair(ql2, kl2, k0, c0, p2, kk20, qk20, PREC)
+        kk21, qk21 = _gated_pair(ql2, kl2, k1, c1, p2, kk21, qk21, PREC)
+        kk22, qk22 = _gated_pair(ql2, kl2, k2, c2, p2, kk22, qk22, PREC)
+        kk30, qk30 = _gated_pair(ql3, kl3, k0, c0, p3, kk30, qk30, PREC)
+        kk31, qk31 = _gated_pair(ql3, kl3, k1, c1, p3, kk31, qk31, PREC)
+        kk32, qk32 = _gated_pair(ql3, kl3, k2, c2, p3, kk32, qk32, PREC)
+        kk33, qk33 = _gated_pair(ql3, kl3, k3, c3, p3, kk33, qk33, PREC)
+    return (kk00, kk10, kk11, kk20, kk21, kk22, kk30, kk31, kk32, kk33,
+            qk00, qk10, qk11, qk20, qk21, qk22, qk30, qk31, qk32, qk33, ss0, ss1, ss2, ss3)
+
+
+@triton.jit(do_not_specialize=["T", "NT"])
+def kda_intra_kernel(
+    q, k, g, beta, g_cs, A, Aqk, rstd_k, cu_seqlens, chunk_indices, T, NT,
+    H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, BK: tl.constexpr,
+    BT: tl.constexpr, BC: tl.constexpr,
+    IS_VARLEN: tl.constexpr, FUSE_K: tl.constexpr, PREC: tl.constexpr,
+):
+    """Grid (chunks, B*HV).  KDA's intra-chunk step: writes g_cs (per-channel chunk-local cumsum of g,
+    times log2 e), A = (I + L)^-1 with L = strict-lower(beta * gated K K^T), Aqk = lower(gated Q K^T)
+    on q as given (raw under the fused routes, where the output kernel scales each row once at the
+    end) and, with FUSE_K, rstd_k, folded into both grams here where k is first read."""
+    i_c, i_bh = tl.program_id(0), tl.program_id(1)
+    i_b, i_hv = i_bh // HV, i_bh % HV
+    i_h = i_hv // (HV // H)
+    tok0, n_valid, i_g = chunk_coords(i_c, i_b, T, NT, cu_seqlens, chunk_indices, BT, IS_VARLEN)
+
+    o = tl.arange(0, BC)  # rows of sub-block j are j*BC + o within the chunk
+    r0 = o
+    r1 = o + BC
+    r2 = o + 2 * BC
+    r3 = o + 3 * BC
+    m0, m1, m2, m3 = r0 < n_valid, r1 < n_valid, r2 < n_valid, r3 < n_valid
+
+    qb = q + tok0 * (H * K) + i_h * K
+    kb = k + tok0 * (H * K) + i_h * K
+    gb = g + tok0 * (HV * K) + i_hv * K
+    gcb = g_cs + tok0 * (HV * K) + i_hv * K
+    one = tl.full([BC], 1.0, dtype=tl.float32)
+    (kk00, kk10, kk11, kk20, kk21, kk22, kk30, kk31, kk32, kk33,
+     qk00, qk10, qk11, qk20, qk21, qk22, qk30, qk31, qk32, qk33, ss0, ss1, ss2, ss3) = _gated_grams(
+        qb, kb, gb, gcb, r0, r1, r2, r3, m0, m1, m2, m3, one, one, one, one, o, H, HV, K, BK, BC,
+        False, FUSE_K, PREC)
+    if FUSE_K:
+        n0, n1, n2, n3, sm = _k_rstd(kb, rstd_k, tok0, i_h, i_hv, r0, r1, r2, r3, m0, m1, m2, m3,
+                                     ss0, ss1, ss2, ss3, o, H, HV, K, BK)
+        if sm >= RAW_K_SSQ_MAX:
+            # rare: a k row of norm >= 2^19 may have overflowed its e^75 factor; redo the grams on
+            # rows normalized on load
+            (kk00, kk10, kk11, kk20, kk21, kk22, kk30, kk31, kk32, kk33,
+             qk00, qk10, qk11, qk20, qk21, qk22, qk30, qk31, qk32, qk33, ss0, ss1, ss2, ss3) = _gated_grams(
+                qb, kb, gb, gcb, r0, r1, r2, r3, m0, m1, m2, m3, n0, n1, n2, n3, o, H, HV, K, BK, BC,
+                True, False, PREC)
+        else:
+            kk00, kk10, kk11, kk20, kk21, kk22, kk30, kk31, kk32, kk33 = _scale_blocks(
+                kk00, kk10, kk11, kk20, kk21, kk22, kk30, kk31, kk32, kk33, n0, n1, n2, n3, n0, n1, n2, n3)
+            qk00, qk10, qk11, qk20, qk21, qk22, qk30, qk31, qk32, qk33 = _scale_blocks(
+                qk00, qk10, qk11, qk20, qk21, qk22, qk30, qk31, qk32, qk33, one, one, one, one, n0, n1, n2, n3)
+
+    # ---- Aqk: the causal (diagonal included) part, stored first to free its registers for the solve
+    _store_lower(Aqk + tok0 * (HV * BT) + i_hv * BT, r0, r1, r2, r3, m0, m1, m2, m3,
+                 tl.where(_keep(m0, m0, o, True, False), qk00, 0.0),
+                 tl.where(_keep(m1, m0, o, False, False), qk10, 0.0),
+                 tl.where(_keep(m1, m1, o, True, False), qk11, 0.0),
+                 tl.where(_keep(m2, m0, o, False, False), qk20, 0.0),
+                 tl.where(_keep(m2, m1, o, False, False), qk21, 0.0),
+                 tl.where(_keep(m2, m2, o, True, False), qk22, 0.0),
+                 tl.where(_keep(m3, m0, o, False, False), qk30, 0.0),
+                 tl.where(_keep(m3, m1, o, False, False), qk31, 0.0),
+                 tl.where(_keep(m3, m2, o, False, False), qk32, 0.0),
+                 tl.where(_keep(m3, m3, o, True, False), qk33, 0.0), HV * BT, o, BC)
+
+    # ---- L = strict-lower(beta * Akk), A = (I + L)^-1 in k's dtype
+    bb = beta + tok0 * HV + i_hv
+    b0 = tl.load(bb + r0 * HV, mask=m0, other=0.0).to(tl.float32)[:, None]
+    b1 = tl.load(bb + r1 * HV, mask=m1, other=0.0).to(tl.float32)[:, None]
+    b2 = tl.load(bb + r2 * HV, mask=m2, other=0.0).to(tl.float32)[:, None]
+    b3 = tl.load(bb + r3 * HV, mask=m3, other=0.0).to(tl.float32)[:, None]
+    # where() after the products: entries outside the causal part may be inf or NaN, never selected
+    l00 = tl.where(_keep(m0, m0, o, True, True), kk00 * b0, 0.0)
+    l11 = tl.where(_keep(m1, m1, o, True, True), kk11 * b1, 0.0)
+    l22 = tl.where(_keep(m2, m2, o, True, True), kk22 * b2, 0.0)
+    l33 = tl.where(_keep(m3, m3, o, True, True), kk33 * b3, 0.0)
+    l10 = tl.where(_keep(m1, m0, o, False, True), kk10 * b1, 0.0)
+    l20 = tl.where(_keep(m2, m0, o, False, True), kk20 * b2, 0.0)
+    l21 = tl.where(_keep(m2, m1, o, False, True), kk21 * b2, 0.0)
+    l30 = tl.where(_keep(m3, m0, o, False, True), kk30 * b3, 0.0)
+    l31 = tl.where(_keep(m3, m1, o, False, True), kk31 * b3, 0.0)
+    l32 = tl.where(_keep(m3, m2, o, False, True), kk32 * b3, 0.0)
+    x00, x10, x11, x20, x21, x22, x30, x31, x32, x33 = _unit_lower_solve(
+        l00, l10, l11, l20, l21, l22, l30, l31, l32, l33, o, BC, PREC)
+    _store_lower(A + tok0 * (HV * BT) + i_hv * BT, r0, r1, r2, r3, m0, m1, m2, m3,
+                 x00, x10, x11, x20, x21, x22, x30, x31, x32, x33, HV * BT, o, BC)

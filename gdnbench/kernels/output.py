@@ -17,6 +17,12 @@ overflow, that chunk normalizes its k tiles on load instead).  A row whose plain
 and up) gets its rstd from a pre-scaled sum (common.l2_rstd), re-read from q
 only then.  Limitation: the raw-q products can overflow fp32 only for |q| rows
 beyond ~1e36.
+
+PER_CHANNEL (KDA): o = scale * ((q * exp(g)) h + Aqk v_new), with exp(g) per element
+of the q tile and the gated causal q k^T (Aqk) precomputed by the KDA intra kernel
+on q as given.  Under FUSE_Q that gram is in raw q's basis, so q's row factor
+(from the same q q^T diagonal) scales the whole output row once, after Aqk v_new.
+No k is read: k's norm is already inside Aqk and h.
 """
 
 import triton
@@ -67,14 +73,42 @@ def _qh_qk(qb, kb, hb, rows, m_t, o_v, r_k, K: tl.constexpr, V: tl.constexpr, st
     return b_o, b_s, b_qq
 
 
+@triton.jit
+def _qgh(qb, gb, hb, rows, m_t, o_v, K: tl.constexpr, V: tl.constexpr, stride, g_stride,
+         BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, FUSE_Q: tl.constexpr, PREC: tl.constexpr):
+    """((q * exp2(g)) h, q q^T) accumulated over the K-tile loop, g per element; q q^T only with FUSE_Q."""
+    b_o = tl.zeros([BT, BV], dtype=tl.float32)
+    b_qq = tl.zeros([BT, BT], dtype=tl.float32)
+    for i_k in range(tl.cdiv(K, BK)):
+        o_k = i_k * BK + tl.arange(0, BK)
+        m_k = o_k < K
+        m_tk = m_t[:, None] & m_k[None, :]
+        b_q = tl.load(qb + rows[:, None] * stride + o_k[None, :], mask=m_tk, other=0.0)
+        b_g = tl.load(gb + rows[:, None] * g_stride + o_k[None, :], mask=m_tk, other=0.0)
+        b_qg = (b_q.to(tl.float32) * tl.math.exp2(b_g)).to(b_q.dtype)  # |q exp(g)| <= |q|: no overflow
+        b_h = tl.load(hb + o_k[:, None] * V + o_v[None, :], mask=m_k[:, None] & (o_v < V)[None, :], other=0.0)
+        b_o = tl.dot(b_qg, b_h, b_o, input_precision=PREC)
+        if FUSE_Q:
+            b_qq = tl.dot(b_q, tl.trans(b_q), b_qq, input_precision=PREC)
+    return b_o, b_qq
+
+
+@triton.jit
+def _q_rstd(b_qq, qb, rows, m_t, K: tl.constexpr, stride, BK: tl.constexpr):
+    """q's row rstd from the diagonal of q q^T (the rows' sums of squares)."""
+    ssq = tl.sum(tl.where(rows[:, None] == rows[None, :], b_qq, 0.0), 1)
+    return row_rstd(qb, rows, m_t, ssq, K, stride, BK)
+
+
 @triton.jit(do_not_specialize=["T", "NT"])
 def output_kernel(
-    q, k, v_new, h, g_cs, rstd_k, o, cu_seqlens, chunk_indices, scale, T, NT,
+    q, k, v_new, h, g_cs, rstd_k, aqk, o, cu_seqlens, chunk_indices, scale, T, NT,
     H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
     BK: tl.constexpr, BV: tl.constexpr, BT: tl.constexpr,
-    IS_VARLEN: tl.constexpr, FUSE_Q: tl.constexpr, FUSE_K: tl.constexpr, PREC: tl.constexpr,
+    IS_VARLEN: tl.constexpr, FUSE_Q: tl.constexpr, FUSE_K: tl.constexpr, PER_CHANNEL: tl.constexpr,
+    PREC: tl.constexpr,
 ):
-    """Grid (cdiv(V, BV), chunks, B*HV)."""
+    """Grid (cdiv(V, BV), chunks, B*HV).  PER_CHANNEL: g_cs is [B,T,HV,K], aqk [B,T,HV,BT], k unused."""
     i_v, i_c, i_bh = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     i_b, i_hv = i_bh // HV, i_bh % HV
     i_h = i_hv // (HV // H)
@@ -86,32 +120,47 @@ def output_kernel(
     m_v = o_v < V
 
     qb = q + tok0 * (H * K) + i_h * K
-    kb = k + tok0 * (H * K) + i_h * K
+    if not PER_CHANNEL:
+        kb = k + tok0 * (H * K) + i_h * K
     hb = h + (i_g * HV + i_hv) * K * V
-    if FUSE_K:
-        r_k = tl.load(rstd_k + tok0 * H + i_h + rows * H, mask=m_t, other=0.0)
-        if tl.min(tl.where(m_t, r_k, 1.0), 0) < RSTD_SMALL:
-            # rare: a huge k row (raw q k^T could overflow); normalize k on load instead
-            b_o, b_s, b_qq = _qh_qk(qb, kb, hb, rows, m_t, o_v, r_k, K, V, H * K, BT, BK, BV, FUSE_Q, True, PREC)
+    if PER_CHANNEL:
+        b_o, b_qq = _qgh(qb, g_cs + tok0 * (HV * K) + i_hv * K, hb, rows, m_t, o_v, K, V, H * K, HV * K,
+                         BT, BK, BV, FUSE_Q, PREC)
+        m_tv = m_t[:, None] & m_v[None, :]
+        p_tv = rows[:, None] * (HV * V) + o_v[None, :]
+        b_vn = tl.load(v_new + tok0 * (HV * V) + i_hv * V + p_tv, mask=m_tv, other=0.0)
+        b_A = tl.load(aqk + tok0 * (HV * BT) + i_hv * BT + rows[:, None] * (HV * BT) + rows[None, :],
+                      mask=m_t[:, None], other=0.0)
+        b_o = tl.dot(b_A, b_vn.to(b_A.dtype), b_o, input_precision=PREC)
+        if FUSE_Q:
+            b_o = b_o * (_q_rstd(b_qq, qb, rows, m_t, K, H * K, BK) * scale)[:, None]
         else:
-            b_o, b_s, b_qq = _qh_qk(qb, kb, hb, rows, m_t, o_v, r_k, K, V, H * K, BT, BK, BV, FUSE_Q, False, PREC)
-            b_s = b_s * r_k[None, :]
+            b_o = b_o * scale
+        tl.store(o + tok0 * (HV * V) + i_hv * V + p_tv, b_o.to(o.dtype.element_ty), mask=m_tv)
     else:
-        b_o, b_s, b_qq = _qh_qk(qb, kb, hb, rows, m_t, o_v, m_t, K, V, H * K, BT, BK, BV, FUSE_Q, False, PREC)
+        if FUSE_K:
+            r_k = tl.load(rstd_k + tok0 * H + i_h + rows * H, mask=m_t, other=0.0)
+            if tl.min(tl.where(m_t, r_k, 1.0), 0) < RSTD_SMALL:
+                # rare: a huge k row (raw q k^T could overflow); normalize k on load instead
+                b_o, b_s, b_qq = _qh_qk(qb, kb, hb, rows, m_t, o_v, r_k, K, V, H * K, BT, BK, BV, FUSE_Q, True, PREC)
+            else:
+                b_o, b_s, b_qq = _qh_qk(qb, kb, hb, rows, m_t, o_v, r_k, K, V, H * K, BT, BK, BV, FUSE_Q, False, PREC)
+                b_s = b_s * r_k[None, :]
+        else:
+            b_o, b_s, b_qq = _qh_qk(qb, kb, hb, rows, m_t, o_v, m_t, K, V, H * K, BT, BK, BV, FUSE_Q, False, PREC)
 
-    c = tl.load(g_cs + tok0 * HV + i_hv + rows * HV, mask=m_t, other=0.0)
-    b_o = b_o * tl.math.exp2(c)[:, None]
-    keep = (rows[:, None] >= rows[None, :]) & m_t[:, None] & m_t[None, :]
-    b_s = tl.where(keep, b_s * tl.math.exp2(c[:, None] - c[None, :]), 0.0)
-    if FUSE_Q:
-        # scale before the cast: an unnormalized fp16 row could overflow fp16
-        ssq = tl.sum(tl.where(rows[:, None] == rows[None, :], b_qq, 0.0), 1)
-        r_q = row_rstd(qb, rows, m_t, ssq, K, H * K, BK)
-        b_o = b_o * r_q[:, None]
-        b_s = b_s * r_q[:, None]
+        c = tl.load(g_cs + tok0 * HV + i_hv + rows * HV, mask=m_t, other=0.0)
+        b_o = b_o * tl.math.exp2(c)[:, None]
+        keep = (rows[:, None] >= rows[None, :]) & m_t[:, None] & m_t[None, :]
+        b_s = tl.where(keep, b_s * tl.math.exp2(c[:, None] - c[None, :]), 0.0)
+        if FUSE_Q:
+            # scale before the cast: an unnormalized fp16 row could overflow fp16
+            r_q = _q_rstd(b_qq, qb, rows, m_t, K, H * K, BK)
+            b_o = b_o * r_q[:, None]
+            b_s = b_s * r_q[:, None]
 
-    m_tv = m_t[:, None] & m_v[None, :]
-    p_tv = rows[:, None] * (HV * V) + o_v[None, :]
-    b_vn = tl.load(v_new + tok0 * (HV * V) + i_hv * V + p_tv, mask=m_tv, other=0.0)
-    b_o = tl.dot(b_s.to(b_vn.dtype), b_vn, b_o, input_precision=PREC) * scale
-    tl.store(o + tok0 * (HV * V) + i_hv * V + p_tv, b_o.to(o.dtype.element_ty), mask=m_tv)
+        m_tv = m_t[:, None] & m_v[None, :]
+        p_tv = rows[:, None] * (HV * V) + o_v[None, :]
+        b_vn = tl.load(v_new + tok0 * (HV * V) + i_hv * V + p_tv, mask=m_tv, other=0.0)
+        b_o = tl.dot(b_s.to(b_vn.dtype), b_vn, b_o, input_precision=PREC) * scale
+        tl.store(o + tok0 * (HV * V) + i_hv * V + p_tv, b_o.to(o.dtype.element_ty), mask=m_tv)

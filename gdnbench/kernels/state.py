@@ -8,6 +8,11 @@ chunk (decays in log2 units, c = g_cs):
     h_chunk  <- h                                   (stored for the output kernel)
     v_new     = u - w h                             (stored for the output kernel)
     h         = exp2(c_last) h + k^T (exp2(c_last - c) * v_new)
+
+PER_CHANNEL (KDA) is the same walk with per-channel gates: ``k`` is kg = k *
+exp2(c_last - c) per element from the w/u kernel, with as many heads as v (and k's
+rstd folded in under fused_qk), and each state row decays by its own channel's
+exp2(c_last):  h = diag(exp2(c_last)) h + kg^T v_new.
 """
 
 import triton
@@ -42,13 +47,19 @@ def _add_kv(kb, rows, m_t, o_k, b_vd, b_h, K: tl.constexpr, stride, PREC: tl.con
     return tl.dot(b_kt, b_vd, b_h, input_precision=PREC)
 
 
+@triton.jit
+def _channel_decay(gl, o_k, K: tl.constexpr):
+    """exp2(c_last) of a piece's channels as a column [PIECE, 1] (gl: the chunk's last row of g_cs)."""
+    return tl.math.exp2(tl.load(gl + o_k, mask=o_k < K, other=0.0))[:, None]
+
+
 @triton.jit(do_not_specialize=["T"])
 def state_kernel(
     k, w, u, g_cs, rstd_k, h, v_new, h0, ht, cu_seqlens, chunk_offsets, T,
     H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
     BV: tl.constexpr, BT: tl.constexpr,
-    IS_VARLEN: tl.constexpr, FUSE_K: tl.constexpr, USE_H0: tl.constexpr, STORE_HT: tl.constexpr,
-    PREC: tl.constexpr,
+    IS_VARLEN: tl.constexpr, FUSE_K: tl.constexpr, PER_CHANNEL: tl.constexpr, USE_H0: tl.constexpr,
+    STORE_HT: tl.constexpr, PREC: tl.constexpr,
 ):
     """Grid (cdiv(V, BV), N*HV).  h: [num_chunks, HV, K, V] per-chunk states (k's dtype),
     v_new: like u, h0/ht: [N, HV, K, V] fp32."""
@@ -97,7 +108,10 @@ def state_kernel(
         wb = w + tok * (HV * K) + i_hv * K
         ub = u + tok * (HV * V) + i_hv * V
         vnb = v_new + tok * (HV * V) + i_hv * V
-        gb = g_cs + tok * HV + i_hv
+        if PER_CHANNEL:
+            gb = g_cs + tok * (HV * K) + i_hv * K
+        else:
+            gb = g_cs + tok * HV + i_hv
         # state entering this chunk
         ph = h + ((boh + i_t) * HV + i_hv) * K * V
         _piece_store(ph, b_h1, o_k1, o_v, K, V)
@@ -126,20 +140,32 @@ def state_kernel(
 
         # decay to the chunk end, then add the chunk's keys/values
         last = tl.minimum(n_valid, BT) - 1
-        c_last = tl.load(gb + last * HV)
-        c = tl.load(gb + rows * HV, mask=m_t, other=0.0)
-        row_f = tl.where(m_t, tl.math.exp2(c_last - c), 0.0)
-        if FUSE_K:  # k's row norms ride on v's rows: (k diag-scaled)^T v = k^T (diag(r) v)
-            row_f *= tl.load(rstd_k + tok * H + i_h + rows * H, mask=m_t, other=0.0)
-        b_vd = (b_vn * row_f[:, None]).to(k.dtype.element_ty)
-        d_last = tl.math.exp2(c_last)
-        b_h1 = _add_kv(kb, rows, m_t, o_k1, b_vd, b_h1 * d_last, K, H * K, PREC)
+        if PER_CHANNEL:
+            b_vd = b_vn.to(k.dtype.element_ty)
+            gl = gb + last * (HV * K)
+            d1 = _channel_decay(gl, o_k1, K)
+            if K > 64:
+                d2 = _channel_decay(gl, o_k2, K)
+            if K > 128:
+                d3 = _channel_decay(gl, o_k3, K)
+            if K > 192:
+                d4 = _channel_decay(gl, o_k4, K)
+        else:
+            c_last = tl.load(gb + last * HV)
+            c = tl.load(gb + rows * HV, mask=m_t, other=0.0)
+            row_f = tl.where(m_t, tl.math.exp2(c_last - c), 0.0)
+            if FUSE_K:  # k's row norms ride on v's rows: (k diag-scaled)^T v = k^T (diag(r) v)
+                row_f *= tl.load(rstd_k + tok * H + i_h + rows * H, mask=m_t, other=0.0)
+            b_vd = (b_vn * row_f[:, None]).to(k.dtype.element_ty)
+            d_last = tl.math.exp2(c_last)
+            d1, d2, d3, d4 = d_last, d_last, d_last, d_last
+        b_h1 = _add_kv(kb, rows, m_t, o_k1, b_vd, b_h1 * d1, K, H * K, PREC)
         if K > 64:
-            b_h2 = _add_kv(kb, rows, m_t, o_k2, b_vd, b_h2 * d_last, K, H * K, PREC)
+            b_h2 = _add_kv(kb, rows, m_t, o_k2, b_vd, b_h2 * d2, K, H * K, PREC)
         if K > 128:
-            b_h3 = _add_kv(kb, rows, m_t, o_k3, b_vd, b_h3 * d_last, K, H * K, PREC)
+            b_h3 = _add_kv(kb, rows, m_t, o_k3, b_vd, b_h3 * d3, K, H * K, PREC)
         if K > 192:
-            b_h4 = _add_kv(kb, rows, m_t, o_k4, b_vd, b_h4 * d_last, K, H * K, PREC)
+            b_h4 = _add_kv(kb, rows, m_t, o_k4, b_vd, b_h4 * d4, K, H * K, PREC)
 
     if STORE_HT:
         pt = ht + i_nh.to(tl.int64) * K * V
