@@ -65,6 +65,22 @@ def l2_rstd(ssq, ssq_lo):
 
 
 @triton.jit
+def row_rstd(xb, rows, m_t, ssq, K: tl.constexpr, stride, BK: tl.constexpr):
+    """1/sqrt(ssq + eps) of the rows of x (base xb, row stride ``stride``) given their plain
+    sums of squares; the pre-scaled sums are computed, by re-reading x, only when some row's
+    plain sum reached SSQ_BIG (inf included): a rare path."""
+    lo = tl.zeros_like(ssq)
+    if tl.max(ssq, 0) >= SSQ_BIG:
+        for i_k in range(tl.cdiv(K, BK)):
+            o_k = i_k * BK + tl.arange(0, BK)
+            x = tl.load(xb + rows[:, None] * stride + o_k[None, :], mask=m_t[:, None] & (o_k < K)[None, :],
+                        other=0.0)
+            xl = x.to(tl.float32) * SSQ_LO
+            lo += tl.sum(xl * xl, 1)
+    return l2_rstd(ssq, lo)
+
+
+@triton.jit
 def l2norm_kernel(x, y, M, D: tl.constexpr, DP: tl.constexpr, BR: tl.constexpr):
     """y[r] = x[r] / sqrt(sum(x[r]^2) + eps) for BR rows of a contiguous [M, D] matrix."""
     rows = tl.program_id(0).to(tl.int64) * BR + tl.arange(0, BR)

@@ -20,8 +20,7 @@ state update's key operand.
 import triton
 import triton.language as tl
 
-from .common import LOG2E, SSQ_BIG, chunk_coords
-from .output import row_rstd
+from .common import LOG2E, SSQ_BIG, chunk_coords, row_rstd
 
 # KDA, fused_qk: above this sum of squares a raw k row times its e^75 gate factor may overflow fp32
 RAW_K_SSQ_MAX = tl.constexpr(2.0**38)

@@ -14,7 +14,7 @@ as did a pair of such sums, while the dot is right in every config.
 FUSE_K scales the columns of q k^T by rstd_k (k's rows) after the loop, so no k
 tile is rewritten (when a chunk holds a huge k row, whose raw product with q could
 overflow, that chunk normalizes its k tiles on load instead).  A row whose plain sum of squares reaches 2^100 (|x| ~ 1e15
-and up) gets its rstd from a pre-scaled sum (common.l2_rstd), re-read from q
+and up) gets its rstd from a pre-scaled sum (common.row_rstd), re-read from q
 only then.  Limitation: the raw-q products can overflow fp32 only for |q| rows
 beyond ~1e36.
 
@@ -28,25 +28,9 @@ No k is read: k's norm is already inside Aqk and h.
 import triton
 import triton.language as tl
 
-from .common import SSQ_BIG, SSQ_LO, chunk_coords, l2_rstd
+from .common import chunk_coords, row_rstd
 
 RSTD_SMALL = tl.constexpr(2.0**-50)  # rstd of a row whose sum of squares reached SSQ_BIG
-
-
-@triton.jit
-def row_rstd(xb, rows, m_t, ssq, K: tl.constexpr, stride, BK: tl.constexpr):
-    """1/sqrt(ssq + eps) of the rows of x (base xb, row stride ``stride``) given their plain
-    sums of squares; the pre-scaled sums are computed, by re-reading x, only when some row's
-    plain sum reached SSQ_BIG (inf included): a rare path."""
-    lo = tl.zeros_like(ssq)
-    if tl.max(ssq, 0) >= SSQ_BIG:
-        for i_k in range(tl.cdiv(K, BK)):
-            o_k = i_k * BK + tl.arange(0, BK)
-            x = tl.load(xb + rows[:, None] * stride + o_k[None, :], mask=m_t[:, None] & (o_k < K)[None, :],
-                        other=0.0)
-            xl = x.to(tl.float32) * SSQ_LO
-            lo += tl.sum(xl * xl, 1)
-    return l2_rstd(ssq, lo)
 
 
 @triton.jit
