@@ -96,11 +96,31 @@ def run(
     isolate: bool = typer.Option(True, help="Run each shape in a worker subprocess (crash isolation)."),
     plot_chart: bool = typer.Option(True, "--plot/--no-plot", help="Write a PNG chart next to each results file."),
     worker_timeout: float = typer.Option(1800, help="Seconds before a shape's worker is killed."),
+    helion_effort: str = typer.Option("none", help="Helion autotuning of our Helion kernels (backend helion): none "
+                                      "(Helion's default configs), quick or full (HELION_AUTOTUNE_EFFORT's presets); "
+                                      "tuned configs are cached in results/tuned/<gpu>/helion/."),
+    helion_examples: Optional[Path] = typer.Option(None, help="A Helion repository checkout (or its examples/linear) "
+                                                   "for backend helion-linear (default: $GDNBENCH_HELION_EXAMPLES)."),
 ):
     """Check, then time, each backend x route on each shape of the sets; write results and print the report."""
     with _bad_input_exits():
+        _helion_options(helion_effort, helion_examples)
         _run(shapes, backends, routes, shape_ids, mode, device, out, l2, warmup, rounds, iters, check_tokens,
              isolate, plot_chart, worker_timeout)
+
+
+HELION_EFFORTS = ("none", "quick", "full")
+
+
+def _helion_options(effort: str, examples: Optional[Path]) -> None:
+    """The Helion options reach the backends (and the worker processes) through the environment."""
+    import os
+
+    if effort not in HELION_EFFORTS:
+        raise UsageError(f"--helion-effort {effort!r}: use none, quick or full")
+    os.environ["GDNBENCH_HELION_EFFORT"] = effort
+    if examples is not None:
+        os.environ["GDNBENCH_HELION_EXAMPLES"] = str(examples.expanduser().resolve())
 
 
 def _resolve_device(device: str) -> str:
@@ -363,12 +383,19 @@ def shapes_freeze(path: Path = typer.Argument(..., help="A shapes/*.toml file, a
 
 
 @app.command()
-def env(device: str = typer.Option("auto", help="auto, cuda or cpu.")):
+def env(device: str = typer.Option("auto", help="auto, cuda or cpu."),
+        helion_examples: Optional[Path] = typer.Option(None, help="A Helion checkout for backend helion-linear "
+                                                       "(default: $GDNBENCH_HELION_EXAMPLES).")):
     """Versions, GPU, and each backend's availability with its reason."""
+    import os
+
     from rich.table import Table
 
     from . import backends as registry
     from . import results
+
+    if helion_examples is not None:
+        os.environ["GDNBENCH_HELION_EXAMPLES"] = str(helion_examples.expanduser().resolve())
 
     dev = device
     if device == "auto":

@@ -73,7 +73,7 @@ def shape_ids(doc: dict) -> list[str]:
     return ids + sorted(have - set(ids))
 
 
-BACKEND_ORDER = ("fla", "gdnbench", "helion", "flashinfer", "reference")
+BACKEND_ORDER = ("fla", "gdnbench", "helion", "helion-linear", "flashinfer", "reference")
 ROUTE_ORDER = ("explicit", "flag", "fused_q", "fused_qk", "megatron", "megatron_flag")
 
 
@@ -138,7 +138,7 @@ def standard_pairs(doc: dict) -> list[str]:
         if (b, "megatron_flag") in have and (b, "megatron") in have:
             pairs.append(f"{b}:megatron_flag/{b}:megatron")
     ours = "gdnbench"
-    for other in ("fla", "helion", "flashinfer"):
+    for other in ("fla", "helion", "helion-linear", "flashinfer"):
         if ours not in backends or other not in backends:
             continue
         for r in ("explicit", "flag"):

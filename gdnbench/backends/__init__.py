@@ -25,9 +25,15 @@ def _gdnbench():
 
 
 def _helion():
-    from .planned import PlannedBackend
+    from .helion import HelionBackend
 
-    return PlannedBackend("helion", "helion", ("explicit", "flag", "fused_q"), "adapter not written yet (issue #6)")
+    return HelionBackend()
+
+
+def _helion_linear():
+    from .helion import HelionLinearBackend
+
+    return HelionLinearBackend()
 
 
 def _flashinfer():
@@ -40,10 +46,11 @@ REGISTRY = {
     "gdnbench": _gdnbench,
     "fla": _fla,
     "helion": _helion,
+    "helion-linear": _helion_linear,
     "flashinfer": _flashinfer,
     "reference": _reference,
 }
-DEFAULT_BACKENDS = {"cuda": ("gdnbench", "fla", "helion", "flashinfer"), "cpu": ("reference", "gdnbench")}
+DEFAULT_BACKENDS = {"cuda": ("gdnbench", "fla", "helion", "helion-linear", "flashinfer"), "cpu": ("reference", "gdnbench")}
 
 
 class UnknownBackend(ValueError):
