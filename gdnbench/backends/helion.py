@@ -25,8 +25,9 @@ heads (ours is the other way: q/k are repeated to the HV value heads here, in pr
 g ([B,H,T] scalar for GDN, [B,H,T,D] per channel for KDA), state [B, H, D, DV]. Newer checkouts add
 `cu_seqlens` (token-major [1, T, H, D], states [N, H, D, DV]) and `use_qk_l2norm_in_kernel` to
 helion_chunk_kda (detected from its signature): KDA then runs packed sequences and route `flag`.
-Packed sequences of equal length run as a dense batch (a view); a mixed-length GDN shape is
-unsupported (the GDN path has no cu_seqlens). Pretuned sm90 / sm100 configs ship next to the engine
+Packed sequences of equal length run as a dense batch (the inputs' layout change is done in prepare;
+the output's copy back to the packed token order is the one conversion left in the timed call); a
+mixed-length GDN shape is unsupported (the GDN path has no cu_seqlens). Pretuned sm90 / sm100 configs ship next to the engine
 as _helion_aot_linear_attention_engine_cuda_sm*.py and are used through HELION_AUTOTUNE_CACHE=
 AOTAutotuneCache (set before the import unless the user set it); without one for this GPU Helion
 falls back to its default configs (the variant says which).
@@ -390,12 +391,15 @@ class HelionLinearBackend(Backend):
         feats = self._features(shape.family) if root else set()
         packed = shape.varlen and "cu_seqlens" in feats and (shape.family == "kda")
         layout = ("token-major [1,T,HV,D] + cu_seqlens" if packed
-                  else "head-first [B,HV,T,D]" + (" (equal-length sequences as a dense batch)" if shape.varlen else ""))
+                  else "head-first [B,HV,T,D]" + (" (equal-length sequences as a dense batch; the output's copy back "
+                                                   "to packed tokens is in the call)" if shape.varlen else ""))
         norm = "use_qk_l2norm_in_kernel=True" if route == "flag" else "caller l2norm (gdnbench.ops.l2norm)"
         tuned = pretuned_files(root) if root else []
         cache = os.environ.get("HELION_AUTOTUNE_CACHE", "AOTAutotuneCache")
+        # HELION_AUTOTUNE_EFFORT=none makes Helion take its default config before asking the AOT cache
+        skip = "; HELION_AUTOTUNE_EFFORT=none: default configs" if os.environ.get("HELION_AUTOTUNE_EFFORT") == "none" else ""
         return (f"helion {dist_version(DIST)} examples/linear {fn}, {layout}, q/k repeated to HV heads, {norm}; "
-                f"autotune cache {cache}, pretuned: {', '.join(tuned) or 'none (Helion default configs)'}")
+                f"autotune cache {cache}, pretuned: {', '.join(tuned) or 'none (Helion default configs)'}{skip}")
 
     def prepare(self, shape, route, inputs):
         eng = self._engine()
