@@ -20,7 +20,6 @@ import argparse
 import dataclasses
 import json
 import os
-import statistics
 import sys
 import time
 
@@ -31,7 +30,10 @@ import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 
 from gdnbench import ops  # noqa: E402
-from gdnbench.kernels.config import GDNConfig, KernelConfig, default_config  # noqa: E402
+from gdnbench.kernels.config import KernelConfig, default_config  # noqa: E402
+
+import gpu_gdn_check as gdn_check  # noqa: E402  (this script's folder is on sys.path)
+from gpu_gdn_check import rel_rms  # noqa: E402
 
 T0 = time.time()
 CPU = os.environ.get("TRITON_INTERPRET") == "1"
@@ -41,32 +43,13 @@ def log(msg):
     print(f"[{time.time() - T0:6.1f}s] {msg}", flush=True)
 
 
-def rel_rms(x, ref):
-    x, ref = x.float(), ref.float()
-    return ((x - ref).pow(2).mean().sqrt() / ref.pow(2).mean().sqrt().clamp_min(1e-30)).item()
-
-
-def bench_graph(fn, n_inner=10, reps=15):
+def bench_graph(fn):
+    """Median µs per call: CUDA-graph replay on the GPU (gpu_gdn_check's), one timed call on the CPU."""
     if CPU:
-        t = time.perf_counter(); fn(); return (time.perf_counter() - t) * 1e6
-    s = torch.cuda.Stream()
-    s.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(s):
-        for _ in range(3):
-            fn()
-    torch.cuda.current_stream().wait_stream(s)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        for _ in range(n_inner):
-            fn()
-    graph.replay()
-    torch.cuda.synchronize()
-    times = []
-    for _ in range(reps):
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record(); graph.replay(); b.record(); b.synchronize()
-        times.append(a.elapsed_time(b) / n_inner * 1e3)
-    return statistics.median(times)
+        t = time.perf_counter()
+        fn()
+        return (time.perf_counter() - t) * 1e6
+    return gdn_check.bench_graph(fn) * 1e3
 
 
 def make(shape, dev, dtype):
