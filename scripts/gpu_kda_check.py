@@ -3,6 +3,7 @@
 
     python scripts/gpu_kda_check.py            # correctness + timing, the KDA contract shapes (bf16)
     python scripts/gpu_kda_check.py --sweep    # also time a few configs of each stage kernel (shape 0)
+    python scripts/gpu_kda_check.py --sweep kda_intra --shapes 0 2   # one kernel's configs
     python scripts/gpu_kda_check.py --shapes 0 2 --no-ref32
 
 For each shape and norm route this prints, against FLA 0.6.0's chunk_kda (safe_gate,
@@ -139,12 +140,12 @@ def stage_times(shape, config: GDNConfig, norm: str) -> dict[str, float]:
     return {n: x * 1e3 for n, x in t.items()}
 
 
-def sweep(shape) -> None:
+def sweep(shape, kernels) -> None:
     """Time a handful of configs per stage kernel (route flag; output_fused under fused_q)."""
     base = default_config(K, V, 2, "kda")
     cands = {
-        "kda_intra": [KernelConfig(BK=bk, num_warps=w, num_stages=s) for bk in (16, 32, 64) for w in (1, 2, 4, 8)
-                      for s in (1, 2)],
+        "kda_intra": [KernelConfig(BK=bk, num_warps=w, num_stages=s) for bk in (16, 32, 64) for w in (4, 8)
+                      for s in (1, 2, 3)],
         "wu": [KernelConfig(BK=bk, BV=bv, num_warps=w, num_stages=s)
                for bk, bv in ((64, 64), (128, 128)) for w in (4, 8) for s in (2, 3)],
         "state": [KernelConfig(BV=bv, num_warps=w, num_stages=s) for bv in (32, 64) for w in (4, 8) for s in (2, 3)],
@@ -157,6 +158,8 @@ def sweep(shape) -> None:
     stage_of = {"kda_intra": "kda_intra", "wu": "w,u,kg", "state": "state", "output": "output",
                 "output_fused": "output"}
     for kernel, configs in cands.items():
+        if kernel not in kernels:
+            continue
         results = []
         for c in configs:
             cfg = dataclasses.replace(base, **{kernel: c})
@@ -175,7 +178,8 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--shapes", type=int, nargs="*", default=list(range(len(SHAPES))), help="indices into SHAPES")
     ap.add_argument("--no-ref32", action="store_true", help="skip the fp32 reference run of our op")
-    ap.add_argument("--sweep", action="store_true", help="time a few configs of each stage kernel (first shape)")
+    ap.add_argument("--sweep", nargs="*", metavar="KERNEL",
+                    help="time a few configs of these stage kernels (all when none named; first shape)")
     args = ap.parse_args()
     if not torch.cuda.is_available():
         sys.exit("needs a CUDA device")
@@ -199,9 +203,9 @@ def main() -> None:
             t = stage_times(SHAPES[i], default_config(K, V, 2, "kda"), norm)
             print(f"{SHAPES[i]['name'] + ' ours:' + norm:28s} " + " ".join(f"{t[n]:10.1f}" for n in names)
                   + f" {sum(t.values()):8.1f}")
-    if args.sweep:
+    if args.sweep is not None:
         print()
-        sweep(SHAPES[args.shapes[0]])
+        sweep(SHAPES[args.shapes[0]], args.sweep or ["kda_intra", "wu", "state", "output", "output_fused"])
     log("done")
 
 

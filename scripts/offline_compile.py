@@ -4,11 +4,13 @@ is spent, that the kernels build with another Triton (the H200 image has 3.6) an
 
     python scripts/offline_compile.py --family kda --norm fused_qk
     python scripts/offline_compile.py --family gdn --norm flag --T 300 --lens 100,200
+    python scripts/offline_compile.py --family kda --set kda_intra=BK:64,num_warps:8,num_stages:2
 
 The op runs on CPU tensors with every launch intercepted (nothing executes); each intercepted launch
 is compiled with its own arguments' dtypes and constexprs and the config's warps/stages/maxnreg.
 """
 import argparse
+import dataclasses
 import inspect
 import os
 import re
@@ -74,6 +76,8 @@ def main() -> None:
     ap.add_argument("--HV", type=int, default=8)
     ap.add_argument("--K", type=int, default=128)
     ap.add_argument("--V", type=int, default=128)
+    ap.add_argument("--set", action="append", default=[], metavar="KERNEL=FIELD:VALUE,...",
+                    help="replace one kernel's config, e.g. kda_intra=BK:64,num_warps:8")
     args = ap.parse_args()
 
     launches = []
@@ -85,6 +89,13 @@ def main() -> None:
         launches.append((kernel, a, kw, opts))
 
     ops._launch = record
+    config = ops.default_config(args.K, args.V, 2, args.family)
+    for spec in args.set:
+        name, fields = spec.split("=", 1)
+        kc = ops.KernelConfig(**{f: None if v == "None" else int(v) for f, v in
+                                 (item.split(":") for item in fields.split(","))})
+        config = dataclasses.replace(config, **{name: kc})
+    ops.validate(config, args.K, args.V, 2, args.family)
     lens = [int(x) for x in args.lens.split(",")] if args.lens else None
     T = sum(lens) if lens else args.T
     bf = torch.bfloat16
@@ -97,10 +108,11 @@ def main() -> None:
     if args.family == "kda":
         g = -torch.rand(1, T, args.HV, args.K)
         ops.chunk_kda(q, k, v, g, beta, initial_state=h0, output_final_state=True, cu_seqlens=cu, norm=args.norm,
-                      lower_bound=-5.0)
+                      lower_bound=-5.0, config=config)
     else:
         g = -torch.rand(1, T, args.HV)
-        ops.chunk_gdn(q, k, v, g, beta, initial_state=h0, output_final_state=True, cu_seqlens=cu, norm=args.norm)
+        ops.chunk_gdn(q, k, v, g, beta, initial_state=h0, output_final_state=True, cu_seqlens=cu, norm=args.norm,
+                      config=config)
     print(f"triton {triton.__version__}, sm_90, {args.family} {args.norm} K={args.K} V={args.V} bf16")
     for kernel, a, kw, opts in launches:
         name = kernel.fn.__name__

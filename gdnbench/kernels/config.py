@@ -73,9 +73,9 @@ class GDNConfig:
     output_fused: KernelConfig = field(default_factory=lambda: KernelConfig(BK=32, BV=128, num_warps=4,
                                                                            num_stages=3, maxnreg=168))
     # KDA only: per-channel gate cumsum, gated K K^T and Q K^T grams, (I + A)^-1 solve, per (chunk, head).
-    # Not timed on a GPU yet: the pick with no register spills in an offline sm_90 compile (Triton 3.9,
-    # K = 128 bf16; BK 32 or 2 stages spill)
-    kda_intra: KernelConfig = field(default_factory=lambda: KernelConfig(BK=16, num_warps=4, num_stages=1))
+    # Four [64, 64] fp32 accumulators: 8 warps keep them in registers (offline sm_90 compile, Triton
+    # 3.6, K = 128 bf16: 187 registers and no spills; 4 warps or BK 64 hit 255 and spill)
+    kda_intra: KernelConfig = field(default_factory=lambda: KernelConfig(BK=32, num_warps=8, num_stages=2))
 
 
 DEFAULT_CONFIG = GDNConfig()

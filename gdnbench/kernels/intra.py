@@ -341,96 +341,91 @@ def wu_kernel(
 
 # ----------------------------------------------------------------------------- KDA (per-channel gates)
 @triton.jit
-def _store_rows(base, rows, m_t, o_k, K: tl.constexpr, stride, x):
-    tl.store(base + rows[:, None] * stride + o_k[None, :], x, mask=m_t[:, None] & (o_k < K)[None, :])
+def _row_of(c, rows, r):
+    """Row r of c as a vector over its columns."""
+    return tl.sum(tl.where(rows[:, None] == r, c, 0.0), 0)
 
 
 @triton.jit
-def _first_row(c, o):
-    return tl.sum(tl.where(o[:, None] == 0, c, 0.0), 0)
+def _split_rows(x):
+    """[BC, BC, 2, 2] indexed (i, j, a, b) -> the four [BC, BC] blocks of row block 2a + b."""
+    xb0, xb1 = tl.split(x)
+    x0, x2 = tl.split(xb0)
+    x1, x3 = tl.split(xb1)
+    return x0, x1, x2, x3
 
 
 @triton.jit
-def _gate_cumsum(gb, gcb, r0, r1, r2, r3, m0, m1, m2, m3, o_k, K: tl.constexpr, stride):
-    """Per-channel chunk-local cumsum of g on one K tile, times log2 e, carried across the four
-    sub-blocks; stored to gcb and returned as four [BC, BK] tiles."""
-    g0 = _load_rows(gb, r0, m0, o_k, K, stride).to(tl.float32)
-    g1 = _load_rows(gb, r1, m1, o_k, K, stride).to(tl.float32)
-    g2 = _load_rows(gb, r2, m2, o_k, K, stride).to(tl.float32)
-    g3 = _load_rows(gb, r3, m3, o_k, K, stride).to(tl.float32)
-    s0 = tl.sum(g0, 0)
-    s1 = s0 + tl.sum(g1, 0)
-    s2 = s1 + tl.sum(g2, 0)
-    c0 = tl.cumsum(g0, 0) * LOG2E
-    c1 = (tl.cumsum(g1, 0) + s0[None, :]) * LOG2E
-    c2 = (tl.cumsum(g2, 0) + s1[None, :]) * LOG2E
-    c3 = (tl.cumsum(g3, 0) + s2[None, :]) * LOG2E
-    _store_rows(gcb, r0, m0, o_k, K, stride, c0)
-    _store_rows(gcb, r1, m1, o_k, K, stride, c1)
-    _store_rows(gcb, r2, m2, o_k, K, stride, c2)
-    _store_rows(gcb, r3, m3, o_k, K, stride, c3)
-    return c0, c1, c2, c3
+def _lower_blocks(x, BC: tl.constexpr):
+    """The ten lower [BC, BC] blocks (row block >= column block) of a [4 BC, 4 BC] tile."""
+    # row 32a + 16b + i, column 32c + 16d + j -> (i, j, a, b, c, d)
+    x = tl.permute(tl.reshape(x, (2, 2, BC, 2, 2, BC)), (2, 5, 0, 1, 3, 4))
+    xd0, xd1 = tl.split(x)
+    c0, c2 = tl.split(xd0)
+    c1, c3 = tl.split(xd1)
+    x00, x10, x20, x30 = _split_rows(c0)
+    _, x11, x21, x31 = _split_rows(c1)
+    _, _, x22, x32 = _split_rows(c2)
+    _, _, _, x33 = _split_rows(c3)
+    return x00, x10, x11, x20, x21, x22, x30, x31, x32, x33
 
 
 @triton.jit
-def _gated_pair(ql, kl, k_j, c_j, p_i, akk, aqk, PREC: tl.constexpr):
-    """Block (i, j) of both gated grams: akk += kl kr^T, aqk += ql kr^T with kr = k_j * exp2(p_i - c_j)."""
-    krt = tl.trans(k_j * tl.math.exp2(p_i[None, :] - c_j))
-    return tl.dot(kl, krt, akk, input_precision=PREC), tl.dot(ql, krt, aqk, input_precision=PREC)
+def _kda_grams(qb, kb, gb, gcb, rows, valid, n, H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr,
+               BK: tl.constexpr, BT: tl.constexpr, BC: tl.constexpr,
+               NORMALIZE: tl.constexpr, SSQ: tl.constexpr, PREC: tl.constexpr):
+    """One chunk's gated grams sum_c x_ic k_jc exp2(c_ic - c_jc) for x = k and x = q, as full
+    [BT, BT] dots, with c the per-channel cumsum (stored to gcb on the way).  Returns (dk, dq, ok, oq,
+    ss): d* hold the diagonal 16-blocks, o* the blocks below them (other entries are junk); ss the
+    raw k k^T (SSQ), whose diagonal is k's sums of squares.  NORMALIZE: k rows times n on load.
 
-
-@triton.jit
-def _gated_grams(qb, kb, gb, gcb, r0, r1, r2, r3, m0, m1, m2, m3, n0, n1, n2, n3, o,
-                 H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, BK: tl.constexpr, BC: tl.constexpr,
-                 NORMALIZE: tl.constexpr, SSQ: tl.constexpr, PREC: tl.constexpr):
-    """Lower blocks (i >= j) of one chunk's gated grams, sum_c x_ic k_jc exp2(c_ic - c_jc) for
-    x = k (kk) and x = q (qk), with c the per-channel cumsum (stored to gcb on the way).
-    NORMALIZE: k rows multiplied by n on load.  SSQ: also the raw k k^T diagonal blocks (ss), whose
-    diagonals are k's sums of squares.
-
-    exp2(c_i - c_j) is split at p_i, c's first row in sub-block i: q_i and k_i take exp2(c_i - p_i),
-    k_j takes exp2(p_i - c_j).  c does not increase down a chunk, so the first factor is <= 1, and the
-    second is <= 1 for j < i and, on the diagonal, at most 15 tokens of decay: with every g >= -5,
-    e^75 ~ 3.7e32, which fp32 holds times any |k| < 9e5."""
-    z = tl.zeros([BC, BC], dtype=tl.float32)
-    kk00, kk10, kk11, kk20, kk21, kk22, kk30, kk31, kk32, kk33 = z, z, z, z, z, z, z, z, z, z
-    qk00, qk10, qk11, qk20, qk21, qk22, qk30, qk31, qk32, qk33 = z, z, z, z, z, z, z, z, z, z
-    ss0, ss1, ss2, ss3 = z, z, z, z
+    exp2(c_i - c_j) is split at a reference p, a row of c, so that neither factor leaves fp32:
+    p_b = c's first row in 16-block b.  Diagonal blocks: x_i exp2(c_i - p_b) (<= 1) against
+    k_j exp2(p_b - c_j) (at most 15 tokens of growth: e^75 when every g >= -5).  Blocks below the
+    diagonal, column block j: reference p_(j+1), which gives factors <= 1 on both sides, formed
+    from the same two exp2 tiles times per-channel block factors exp2(p_a - p_b).  A column block
+    of k is zero outside block j, so the three column blocks share one accumulator."""
+    blk = (rows // BC)[:, None]
+    zero = tl.zeros([BT, BT], dtype=tl.float32)
+    dk, dq, ok, oq, ss = zero, zero, zero, zero, zero
     for i_k in range(tl.cdiv(K, BK)):
         o_k = i_k * BK + tl.arange(0, BK)
-        c0, c1, c2, c3 = _gate_cumsum(gb, gcb, r0, r1, r2, r3, m0, m1, m2, m3, o_k, K, HV * K)
-        p0, p1, p2, p3 = _first_row(c0, o), _first_row(c1, o), _first_row(c2, o), _first_row(c3, o)
-        x0 = _normalized(_load_rows(kb, r0, m0, o_k, K, H * K), n0, NORMALIZE)
-        x1 = _normalized(_load_rows(kb, r1, m1, o_k, K, H * K), n1, NORMALIZE)
-        x2 = _normalized(_load_rows(kb, r2, m2, o_k, K, H * K), n2, NORMALIZE)
-        x3 = _normalized(_load_rows(kb, r3, m3, o_k, K, H * K), n3, NORMALIZE)
+        m = valid[:, None] & (o_k < K)[None, :]
+        c = tl.cumsum(tl.load(gb + rows[:, None] * (HV * K) + o_k[None, :], mask=m, other=0.0).to(tl.float32),
+                      0) * LOG2E
+        tl.store(gcb + rows[:, None] * (HV * K) + o_k[None, :], c, mask=m)
+        p0, p1, p2, p3 = _row_of(c, rows, 0), _row_of(c, rows, BC), _row_of(c, rows, 2 * BC), _row_of(c, rows, 3 * BC)
+        pd = tl.where(blk == 0, p0[None, :], tl.where(blk == 1, p1[None, :], tl.where(blk == 2, p2[None, :],
+                                                                                         p3[None, :])))
+        e = tl.math.exp2(c - pd)
+        x = _normalized(tl.load(kb + rows[:, None] * (H * K) + o_k[None, :], mask=m, other=0.0), n, NORMALIZE)
         if SSQ:
-            ss0 = tl.dot(x0, tl.trans(x0), ss0, input_precision=PREC)
-            ss1 = tl.dot(x1, tl.trans(x1), ss1, input_precision=PREC)
-            ss2 = tl.dot(x2, tl.trans(x2), ss2, input_precision=PREC)
-            ss3 = tl.dot(x3, tl.trans(x3), ss3, input_precision=PREC)
-        k0, k1, k2, k3 = x0.to(tl.float32), x1.to(tl.float32), x2.to(tl.float32), x3.to(tl.float32)
-        e0 = tl.math.exp2(c0 - p0[None, :])
-        e1 = tl.math.exp2(c1 - p1[None, :])
-        e2 = tl.math.exp2(c2 - p2[None, :])
-        e3 = tl.math.exp2(c3 - p3[None, :])
-        ql0 = _load_rows(qb, r0, m0, o_k, K, H * K).to(tl.float32) * e0
-        ql1 = _load_rows(qb, r1, m1, o_k, K, H * K).to(tl.float32) * e1
-        ql2 = _load_rows(qb, r2, m2, o_k, K, H * K).to(tl.float32) * e2
-        ql3 = _load_rows(qb, r3, m3, o_k, K, H * K).to(tl.float32) * e3
-        kl0, kl1, kl2, kl3 = k0 * e0, k1 * e1, k2 * e2, k3 * e3
-        kk00, qk00 = _gated_pair(ql0, kl0, k0, c0, p0, kk00, qk00, PREC)
-        kk10, qk10 = _gated_pair(ql1, kl1, k0, c0, p1, kk10, qk10, PREC)
-        kk11, qk11 = _gated_pair(ql1, kl1, k1, c1, p1, kk11, qk11, PREC)
-        kk20, qk20 = _gated_pair(ql2, kl2, k0, c0, p2, kk20, qk20, PREC)
-        kk21, qk21 = _gated_pair(ql2, kl2, k1, c1, p2, kk21, qk21, PREC)
-        kk22, qk22 = _gated_pair(ql2, kl2, k2, c2, p2, kk22, qk22, PREC)
-        kk30, qk30 = _gated_pair(ql3, kl3, k0, c0, p3, kk30, qk30, PREC)
-        kk31, qk31 = _gated_pair(ql3, kl3, k1, c1, p3, kk31, qk31, PREC)
-        kk32, qk32 = _gated_pair(ql3, kl3, k2, c2, p3, kk32, qk32, PREC)
-        kk33, qk33 = _gated_pair(ql3, kl3, k3, c3, p3, kk33, qk33, PREC)
-    return (kk00, kk10, kk11, kk20, kk21, kk22, kk30, kk31, kk32, kk33,
-            qk00, qk10, qk11, qk20, qk21, qk22, qk30, qk31, qk32, qk33, ss0, ss1, ss2, ss3)
+            ss = tl.dot(x, tl.trans(x), ss, input_precision=PREC)
+        kf = x.to(tl.float32)
+        kl = kf * e
+        ql = tl.load(qb + rows[:, None] * (H * K) + o_k[None, :], mask=m, other=0.0).to(tl.float32) * e
+        kr = kf * tl.math.exp2(pd - c)
+        krt = tl.trans(kr)
+        dk = tl.dot(kl, krt, dk, input_precision=PREC)
+        dq = tl.dot(ql, krt, dq, input_precision=PREC)
+        f10 = tl.math.exp2(p1 - p0)[None, :]
+        f21 = tl.math.exp2(p2 - p1)[None, :]
+        f31 = tl.math.exp2(p3 - p1)[None, :]
+        f32 = tl.math.exp2(p3 - p2)[None, :]
+        # column block j: k_j exp2(p_(j+1) - c_j); rows below block j: x exp2(c - p_(j+1))
+        k0t = tl.trans(tl.where(blk == 0, kr * f10, 0.0))
+        k1t = tl.trans(tl.where(blk == 1, kr * f21, 0.0))
+        k2t = tl.trans(tl.where(blk == 2, kr * f32, 0.0))
+        r0 = tl.where(blk == 0, 0.0, tl.where(blk == 1, 1.0, tl.where(blk == 2, f21, f31)))
+        r1 = tl.where(blk <= 1, 0.0, tl.where(blk == 2, 1.0, f32))
+        r2 = tl.where(blk == 3, 1.0, 0.0)
+        ok = tl.dot(kl * r0, k0t, ok, input_precision=PREC)
+        ok = tl.dot(kl * r1, k1t, ok, input_precision=PREC)
+        ok = tl.dot(kl * r2, k2t, ok, input_precision=PREC)
+        oq = tl.dot(ql * r0, k0t, oq, input_precision=PREC)
+        oq = tl.dot(ql * r1, k1t, oq, input_precision=PREC)
+        oq = tl.dot(ql * r2, k2t, oq, input_precision=PREC)
+    return dk, dq, ok, oq, ss
 
 
 @triton.jit(do_not_specialize=["T", "NT"])
@@ -443,75 +438,53 @@ def kda_intra_kernel(
     """Grid (chunks, B*HV).  KDA's intra-chunk step: writes g_cs (per-channel chunk-local cumsum of g,
     times log2 e), A = (I + L)^-1 with L = strict-lower(beta * gated K K^T), Aqk = lower(gated Q K^T)
     on q as given (raw under the fused routes, where the output kernel scales each row once at the
-    end) and, with FUSE_K, rstd_k, folded into both grams here where k is first read."""
+    end) and, with FUSE_K, rstd_k, folded into both grams here where k is first read.
+
+    The grams are [64, 64] dots per K tile (tensor-core sized); a first version accumulated twenty
+    16x16 blocks and took 2218 us of FLA's whole 2420 us forward on kda-legacy6 h96_fixed (H200)."""
     i_c, i_bh = tl.program_id(0), tl.program_id(1)
     i_b, i_hv = i_bh // HV, i_bh % HV
     i_h = i_hv // (HV // H)
     tok0, n_valid, i_g = chunk_coords(i_c, i_b, T, NT, cu_seqlens, chunk_indices, BT, IS_VARLEN)
 
-    o = tl.arange(0, BC)  # rows of sub-block j are j*BC + o within the chunk
-    r0 = o
-    r1 = o + BC
-    r2 = o + 2 * BC
-    r3 = o + 3 * BC
-    m0, m1, m2, m3 = r0 < n_valid, r1 < n_valid, r2 < n_valid, r3 < n_valid
-
+    rows = tl.arange(0, BT)
+    valid = rows < n_valid
     qb = q + tok0 * (H * K) + i_h * K
     kb = k + tok0 * (H * K) + i_h * K
     gb = g + tok0 * (HV * K) + i_hv * K
     gcb = g_cs + tok0 * (HV * K) + i_hv * K
-    one = tl.full([BC], 1.0, dtype=tl.float32)
-    (kk00, kk10, kk11, kk20, kk21, kk22, kk30, kk31, kk32, kk33,
-     qk00, qk10, qk11, qk20, qk21, qk22, qk30, qk31, qk32, qk33, ss0, ss1, ss2, ss3) = _gated_grams(
-        qb, kb, gb, gcb, r0, r1, r2, r3, m0, m1, m2, m3, one, one, one, one, o, H, HV, K, BK, BC,
-        False, FUSE_K, PREC)
+    one = tl.full([BT], 1.0, dtype=tl.float32)
+    dk, dq, ok, oq, ss = _kda_grams(qb, kb, gb, gcb, rows, valid, one, H, HV, K, BK, BT, BC, False, FUSE_K, PREC)
     if FUSE_K:
-        n0, n1, n2, n3, sm = _k_rstd(kb, rstd_k, tok0, i_h, i_hv, r0, r1, r2, r3, m0, m1, m2, m3,
-                                     ss0, ss1, ss2, ss3, o, H, HV, K, BK)
-        if sm >= RAW_K_SSQ_MAX:
+        ssq = tl.sum(tl.where(rows[:, None] == rows[None, :], ss, 0.0), 1)
+        n = row_rstd(kb, rows, valid, ssq, K, H * K, BK)
+        if i_hv % (HV // H) == 0:  # one writer per key head
+            tl.store(rstd_k + (tok0 + rows) * H + i_h, n, mask=valid)
+        if tl.max(ssq, 0) >= RAW_K_SSQ_MAX:
             # rare: a k row of norm >= 2^19 may have overflowed its e^75 factor; redo the grams on
             # rows normalized on load
-            (kk00, kk10, kk11, kk20, kk21, kk22, kk30, kk31, kk32, kk33,
-             qk00, qk10, qk11, qk20, qk21, qk22, qk30, qk31, qk32, qk33, ss0, ss1, ss2, ss3) = _gated_grams(
-                qb, kb, gb, gcb, r0, r1, r2, r3, m0, m1, m2, m3, n0, n1, n2, n3, o, H, HV, K, BK, BC,
-                True, False, PREC)
+            dk, dq, ok, oq, ss = _kda_grams(qb, kb, gb, gcb, rows, valid, n, H, HV, K, BK, BT, BC, True, False,
+                                            PREC)
         else:
-            kk00, kk10, kk11, kk20, kk21, kk22, kk30, kk31, kk32, kk33 = _scale_blocks(
-                kk00, kk10, kk11, kk20, kk21, kk22, kk30, kk31, kk32, kk33, n0, n1, n2, n3, n0, n1, n2, n3)
-            qk00, qk10, qk11, qk20, qk21, qk22, qk30, qk31, qk32, qk33 = _scale_blocks(
-                qk00, qk10, qk11, qk20, qk21, qk22, qk30, qk31, qk32, qk33, one, one, one, one, n0, n1, n2, n3)
+            dk = dk * n[:, None] * n[None, :]
+            ok = ok * n[:, None] * n[None, :]
+            dq = dq * n[None, :]
+            oq = oq * n[None, :]
 
-    # ---- Aqk: the causal (diagonal included) part, stored first to free its registers for the solve
-    _store_lower(Aqk + tok0 * (HV * BT) + i_hv * BT, r0, r1, r2, r3, m0, m1, m2, m3,
-                 tl.where(_keep(m0, m0, o, True, False), qk00, 0.0),
-                 tl.where(_keep(m1, m0, o, False, False), qk10, 0.0),
-                 tl.where(_keep(m1, m1, o, True, False), qk11, 0.0),
-                 tl.where(_keep(m2, m0, o, False, False), qk20, 0.0),
-                 tl.where(_keep(m2, m1, o, False, False), qk21, 0.0),
-                 tl.where(_keep(m2, m2, o, True, False), qk22, 0.0),
-                 tl.where(_keep(m3, m0, o, False, False), qk30, 0.0),
-                 tl.where(_keep(m3, m1, o, False, False), qk31, 0.0),
-                 tl.where(_keep(m3, m2, o, False, False), qk32, 0.0),
-                 tl.where(_keep(m3, m3, o, True, False), qk33, 0.0), HV * BT, o, BC)
+    same = (rows // BC)[:, None] == (rows // BC)[None, :]
+    # ---- Aqk: the causal part (diagonal included), zeros above
+    aqk = tl.where(rows[:, None] >= rows[None, :], tl.where(same, dq, oq), 0.0)
+    tl.store(Aqk + (tok0 + rows[:, None]) * (HV * BT) + i_hv * BT + rows[None, :], aqk.to(Aqk.dtype.element_ty),
+             mask=valid[:, None])
 
     # ---- L = strict-lower(beta * Akk), A = (I + L)^-1 in k's dtype
-    bb = beta + tok0 * HV + i_hv
-    b0 = tl.load(bb + r0 * HV, mask=m0, other=0.0).to(tl.float32)[:, None]
-    b1 = tl.load(bb + r1 * HV, mask=m1, other=0.0).to(tl.float32)[:, None]
-    b2 = tl.load(bb + r2 * HV, mask=m2, other=0.0).to(tl.float32)[:, None]
-    b3 = tl.load(bb + r3 * HV, mask=m3, other=0.0).to(tl.float32)[:, None]
-    # where() after the products: entries outside the causal part may be inf or NaN, never selected
-    l00 = tl.where(_keep(m0, m0, o, True, True), kk00 * b0, 0.0)
-    l11 = tl.where(_keep(m1, m1, o, True, True), kk11 * b1, 0.0)
-    l22 = tl.where(_keep(m2, m2, o, True, True), kk22 * b2, 0.0)
-    l33 = tl.where(_keep(m3, m3, o, True, True), kk33 * b3, 0.0)
-    l10 = tl.where(_keep(m1, m0, o, False, True), kk10 * b1, 0.0)
-    l20 = tl.where(_keep(m2, m0, o, False, True), kk20 * b2, 0.0)
-    l21 = tl.where(_keep(m2, m1, o, False, True), kk21 * b2, 0.0)
-    l30 = tl.where(_keep(m3, m0, o, False, True), kk30 * b3, 0.0)
-    l31 = tl.where(_keep(m3, m1, o, False, True), kk31 * b3, 0.0)
-    l32 = tl.where(_keep(m3, m2, o, False, True), kk32 * b3, 0.0)
+    b = tl.load(beta + (tok0 + rows) * HV + i_hv, mask=valid, other=0.0).to(tl.float32)
+    # where() after the product: entries outside the causal part may be inf or NaN, never selected
+    L = tl.where((rows[:, None] > rows[None, :]) & valid[:, None], tl.where(same, dk, ok) * b[:, None], 0.0)
+    l00, l10, l11, l20, l21, l22, l30, l31, l32, l33 = _lower_blocks(L, BC)
+    o = tl.arange(0, BC)
     x00, x10, x11, x20, x21, x22, x30, x31, x32, x33 = _unit_lower_solve(
         l00, l10, l11, l20, l21, l22, l30, l31, l32, l33, o, BC, PREC)
-    _store_lower(A + tok0 * (HV * BT) + i_hv * BT, r0, r1, r2, r3, m0, m1, m2, m3,
+    _store_lower(A + tok0 * (HV * BT) + i_hv * BT, o, o + BC, o + 2 * BC, o + 3 * BC,
+                 o < n_valid, o + BC < n_valid, o + 2 * BC < n_valid, o + 3 * BC < n_valid,
                  x00, x10, x11, x20, x21, x22, x30, x31, x32, x33, HV * BT, o, BC)
