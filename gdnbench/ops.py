@@ -209,7 +209,7 @@ def kda_intra(q, k, g, beta, *, varlen=None, fuse_k=False, raw_q=False, config: 
     Aqk = torch.empty(B, T, HV, CHUNK_SIZE, device=k.device, dtype=aqk_dtype)
     rstd_k = torch.empty(B, T, H, device=k.device, dtype=torch.float32) if fuse_k else None
     cfg = config.kda_intra
-    _launch(kda_intra_kernel, (n_grid, B * HV), cfg,
+    _launch(kda_intra_kernel, (n_grid, B * HV, 2), cfg,
             q, k, g, beta, g_cs, A, Aqk, rstd_k, *_varlen_args(varlen), T, NT,
             H=H, HV=HV, K=K, BK=block(cfg.BK, K), BT=CHUNK_SIZE, BC=SUB_CHUNK,
             IS_VARLEN=varlen is not None, FUSE_K=fuse_k, PREC=_precision(k.dtype))

@@ -144,8 +144,9 @@ def sweep(shape, kernels) -> None:
     """Time a handful of configs per stage kernel (route flag; output_fused under fused_q)."""
     base = default_config(K, V, 2, "kda")
     cands = {
-        "kda_intra": [KernelConfig(BK=bk, num_warps=w, num_stages=s) for bk in (16, 32, 64) for w in (4, 8)
-                      for s in (1, 2, 3)],
+        "kda_intra": [KernelConfig(BK=bk, num_warps=w, num_stages=s, maxnreg=r) for bk in (16, 32) for w in (4,)
+                      for s in (1, 2) for r in (None, 128, 168)]
+                     + [KernelConfig(BK=32, num_warps=w, num_stages=1) for w in (2, 8)],
         "wu": [KernelConfig(BK=bk, BV=bv, num_warps=w, num_stages=s)
                for bk, bv in ((64, 64), (128, 128)) for w in (4, 8) for s in (2, 3)],
         "state": [KernelConfig(BV=bv, num_warps=w, num_stages=s) for bv in (32, 64) for w in (4, 8) for s in (2, 3)],
@@ -172,6 +173,8 @@ def sweep(shape, kernels) -> None:
         results.sort(key=lambda r: r[0])
         print(f"sweep {kernel:12s} ({shape['name']}): " + "  ".join(
             f"{t:7.1f}us BK={c.BK} BV={c.BV} w={c.num_warps} s={c.num_stages} r={c.maxnreg}" for t, c in results[:4]))
+        for t, c in results:
+            print(f"  {kernel} {t:8.1f} us  {c}")
 
 
 def main() -> None:

@@ -44,7 +44,7 @@ def arg_type(v) -> str:
     return "constexpr"
 
 
-def compile_launch(kernel, args, kwargs, opts) -> str:
+def compile_launch(kernel, args, kwargs, opts, sass_dir=None) -> str:
     names = list(inspect.signature(kernel.fn).parameters)
     bound = dict(zip(names, args), **kwargs)
     const_names = {p.name for p in kernel.params if p.is_constexpr}
@@ -62,6 +62,13 @@ def compile_launch(kernel, args, kwargs, opts) -> str:
         f.flush()
         out = subprocess.run([os.path.join(BIN, "cuobjdump"), "--dump-resource-usage", f.name],
                              capture_output=True, text=True).stdout
+        if sass_dir:
+            sass = subprocess.run([os.path.join(BIN, "cuobjdump"), "--dump-sass", f.name], capture_output=True,
+                                  text=True).stdout
+            with open(os.path.join(sass_dir, kernel.fn.__name__ + ".sass"), "w") as fh:
+                fh.write(sass)
+            with open(os.path.join(sass_dir, kernel.fn.__name__ + ".ttgir"), "w") as fh:
+                fh.write(compiled.asm["ttgir"])
     m = re.search(r"REG:(\d+).*?STACK:(\d+)", out)
     return f"registers {m.group(1):>3}  stack {m.group(2):>4} B" if m else out[-200:]
 
@@ -78,6 +85,7 @@ def main() -> None:
     ap.add_argument("--V", type=int, default=128)
     ap.add_argument("--set", action="append", default=[], metavar="KERNEL=FIELD:VALUE,...",
                     help="replace one kernel's config, e.g. kda_intra=BK:64,num_warps:8")
+    ap.add_argument("--sass", metavar="DIR", help="also write each kernel's SASS and TTGIR there")
     args = ap.parse_args()
 
     launches = []
@@ -117,7 +125,7 @@ def main() -> None:
     for kernel, a, kw, opts in launches:
         name = kernel.fn.__name__
         try:
-            res = compile_launch(kernel, a, kw, opts)
+            res = compile_launch(kernel, a, kw, opts, args.sass)
         except Exception as e:  # report and go on: the point is to see every kernel's outcome
             res = f"FAILED {type(e).__name__}: {str(e).splitlines()[0][:160] if str(e) else ''}"
         print(f"  {name:20s} {str(opts):52s} {res}", flush=True)

@@ -73,9 +73,9 @@ class GDNConfig:
     output_fused: KernelConfig = field(default_factory=lambda: KernelConfig(BK=32, BV=128, num_warps=4,
                                                                            num_stages=3, maxnreg=168))
     # KDA only: per-channel gate cumsum, gated K K^T and Q K^T grams, (I + A)^-1 solve, per (chunk, head).
-    # Four [64, 64] fp32 accumulators: 8 warps keep them in registers (offline sm_90 compile, Triton
-    # 3.6, K = 128 bf16: 187 registers and no spills; 4 warps or BK 64 hit 255 and spill)
-    kda_intra: KernelConfig = field(default_factory=lambda: KernelConfig(BK=32, num_warps=8, num_stages=2))
+    # Latency-bound: 4 warps, several CTAs per SM (H200, the one-program-per-chunk version: 1882 us at
+    # 4 warps, 4322 us at 8 warps with one CTA per SM)
+    kda_intra: KernelConfig = field(default_factory=lambda: KernelConfig(BK=32, num_warps=4, num_stages=1))
 
 
 DEFAULT_CONFIG = GDNConfig()

@@ -133,6 +133,18 @@ def _unit_lower_inverse(L, o, BC: tl.constexpr):
 
 
 @triton.jit
+def _unit_lower_inverse_doubling(L, o, PREC: tl.constexpr):
+    """(I + L)^-1 of a strictly lower-triangular [16, 16] block as (I - L)(I + L^2)(I + L^4)(I + L^8)
+    (L^16 = 0): four dependent dots where substitution takes fifteen dependent row steps."""
+    eye = (o[:, None] == o[None, :]).to(tl.float32)
+    L2 = tl.dot(L, L, input_precision=PREC)
+    L4 = tl.dot(L2, L2, input_precision=PREC)
+    X = tl.dot(eye - L, eye + L2, input_precision=PREC)
+    X = tl.dot(X, eye + L4, input_precision=PREC)
+    return tl.dot(X, eye + tl.dot(L4, L4, input_precision=PREC), input_precision=PREC)
+
+
+@triton.jit
 def _store_block(base, rows, m_t, col0, blk, stride, o):
     tl.store(base + rows[:, None] * stride + (col0 + o)[None, :], blk.to(base.dtype.element_ty), mask=m_t[:, None])
 
@@ -154,13 +166,21 @@ def _scale_blocks(g00, g10, g11, g20, g21, g22, g30, g31, g32, g33, a0, a1, a2, 
 
 
 @triton.jit
-def _unit_lower_solve(l00, l10, l11, l20, l21, l22, l30, l31, l32, l33, o, BC: tl.constexpr, PREC: tl.constexpr):
+def _unit_lower_solve(l00, l10, l11, l20, l21, l22, l30, l31, l32, l33, o, BC: tl.constexpr, PREC: tl.constexpr,
+                      DOUBLING: tl.constexpr = False):
     """(I + L)^-1 of a strictly lower [4 BC, 4 BC] matrix given as its ten lower blocks: diagonal
-    blocks by substitution, then the block rows of (I + L) X = I."""
-    x00 = _unit_lower_inverse(l00, o, BC)
-    x11 = _unit_lower_inverse(l11, o, BC)
-    x22 = _unit_lower_inverse(l22, o, BC)
-    x33 = _unit_lower_inverse(l33, o, BC)
+    blocks by substitution (exact fp32) or, DOUBLING, by products of PREC dots, then the block rows
+    of (I + L) X = I."""
+    if DOUBLING:
+        x00 = _unit_lower_inverse_doubling(l00, o, PREC)
+        x11 = _unit_lower_inverse_doubling(l11, o, PREC)
+        x22 = _unit_lower_inverse_doubling(l22, o, PREC)
+        x33 = _unit_lower_inverse_doubling(l33, o, PREC)
+    else:
+        x00 = _unit_lower_inverse(l00, o, BC)
+        x11 = _unit_lower_inverse(l11, o, BC)
+        x22 = _unit_lower_inverse(l22, o, BC)
+        x33 = _unit_lower_inverse(l33, o, BC)
     x10 = -tl.dot(x11, tl.dot(l10, x00, input_precision=PREC), input_precision=PREC)
     x21 = -tl.dot(x22, tl.dot(l21, x11, input_precision=PREC), input_precision=PREC)
     x20 = -tl.dot(x22, tl.dot(l20, x00, input_precision=PREC) + tl.dot(l21, x10, input_precision=PREC),
@@ -371,13 +391,13 @@ def _lower_blocks(x, BC: tl.constexpr):
 
 
 @triton.jit
-def _kda_grams(qb, kb, gb, gcb, rows, valid, n, H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr,
-               BK: tl.constexpr, BT: tl.constexpr, BC: tl.constexpr,
-               NORMALIZE: tl.constexpr, SSQ: tl.constexpr, PREC: tl.constexpr):
-    """One chunk's gated grams sum_c x_ic k_jc exp2(c_ic - c_jc) for x = k and x = q, as full
-    [BT, BT] dots, with c the per-channel cumsum (stored to gcb on the way).  Returns (dk, dq, ok, oq,
-    ss): d* hold the diagonal 16-blocks, o* the blocks below them (other entries are junk); ss the
-    raw k k^T (SSQ), whose diagonal is k's sums of squares.  NORMALIZE: k rows times n on load.
+def _kda_gram(xb, kb, gb, gcb, rows, valid, n, H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr,
+              BK: tl.constexpr, BT: tl.constexpr, BC: tl.constexpr, X_IS_K: tl.constexpr,
+              NORMALIZE: tl.constexpr, SSQ: tl.constexpr, STORE_C: tl.constexpr, PREC: tl.constexpr):
+    """One chunk's gated gram sum_c x_ic k_jc exp2(c_ic - c_jc) (x = k when X_IS_K, else the rows at
+    xb) as [BT, BT] dots per K tile, c the per-channel cumsum (stored to gcb when STORE_C).  Returns
+    (d, o, ss): d holds the diagonal 16-blocks, o the blocks below them (other entries are junk), ss
+    the raw k k^T (SSQ), whose diagonal is k's sums of squares.  NORMALIZE: k rows times n on load.
 
     exp2(c_i - c_j) is split at a reference p, a row of c, so that neither factor leaves fp32:
     p_b = c's first row in 16-block b.  Diagonal blocks: x_i exp2(c_i - p_b) (<= 1) against
@@ -387,45 +407,53 @@ def _kda_grams(qb, kb, gb, gcb, rows, valid, n, H: tl.constexpr, HV: tl.constexp
     of k is zero outside block j, so the three column blocks share one accumulator."""
     blk = (rows // BC)[:, None]
     zero = tl.zeros([BT, BT], dtype=tl.float32)
-    dk, dq, ok, oq, ss = zero, zero, zero, zero, zero
+    d, od, ss = zero, zero, zero
     for i_k in range(tl.cdiv(K, BK)):
         o_k = i_k * BK + tl.arange(0, BK)
         m = valid[:, None] & (o_k < K)[None, :]
         c = tl.cumsum(tl.load(gb + rows[:, None] * (HV * K) + o_k[None, :], mask=m, other=0.0).to(tl.float32),
                       0) * LOG2E
-        tl.store(gcb + rows[:, None] * (HV * K) + o_k[None, :], c, mask=m)
+        if STORE_C:
+            tl.store(gcb + rows[:, None] * (HV * K) + o_k[None, :], c, mask=m)
         p0, p1, p2, p3 = _row_of(c, rows, 0), _row_of(c, rows, BC), _row_of(c, rows, 2 * BC), _row_of(c, rows, 3 * BC)
         pd = tl.where(blk == 0, p0[None, :], tl.where(blk == 1, p1[None, :], tl.where(blk == 2, p2[None, :],
                                                                                          p3[None, :])))
         e = tl.math.exp2(c - pd)
-        x = _normalized(tl.load(kb + rows[:, None] * (H * K) + o_k[None, :], mask=m, other=0.0), n, NORMALIZE)
+        kx = _normalized(tl.load(kb + rows[:, None] * (H * K) + o_k[None, :], mask=m, other=0.0), n, NORMALIZE)
         if SSQ:
-            ss = tl.dot(x, tl.trans(x), ss, input_precision=PREC)
-        kf = x.to(tl.float32)
-        kl = kf * e
-        ql = tl.load(qb + rows[:, None] * (H * K) + o_k[None, :], mask=m, other=0.0).to(tl.float32) * e
+            ss = tl.dot(kx, tl.trans(kx), ss, input_precision=PREC)
+        kf = kx.to(tl.float32)
+        if X_IS_K:
+            xl = kf * e
+        else:
+            xl = tl.load(xb + rows[:, None] * (H * K) + o_k[None, :], mask=m, other=0.0).to(tl.float32) * e
         kr = kf * tl.math.exp2(pd - c)
-        krt = tl.trans(kr)
-        dk = tl.dot(kl, krt, dk, input_precision=PREC)
-        dq = tl.dot(ql, krt, dq, input_precision=PREC)
+        d = tl.dot(xl, tl.trans(kr), d, input_precision=PREC)
         f10 = tl.math.exp2(p1 - p0)[None, :]
         f21 = tl.math.exp2(p2 - p1)[None, :]
         f31 = tl.math.exp2(p3 - p1)[None, :]
         f32 = tl.math.exp2(p3 - p2)[None, :]
         # column block j: k_j exp2(p_(j+1) - c_j); rows below block j: x exp2(c - p_(j+1))
-        k0t = tl.trans(tl.where(blk == 0, kr * f10, 0.0))
-        k1t = tl.trans(tl.where(blk == 1, kr * f21, 0.0))
-        k2t = tl.trans(tl.where(blk == 2, kr * f32, 0.0))
-        r0 = tl.where(blk == 0, 0.0, tl.where(blk == 1, 1.0, tl.where(blk == 2, f21, f31)))
-        r1 = tl.where(blk <= 1, 0.0, tl.where(blk == 2, 1.0, f32))
-        r2 = tl.where(blk == 3, 1.0, 0.0)
-        ok = tl.dot(kl * r0, k0t, ok, input_precision=PREC)
-        ok = tl.dot(kl * r1, k1t, ok, input_precision=PREC)
-        ok = tl.dot(kl * r2, k2t, ok, input_precision=PREC)
-        oq = tl.dot(ql * r0, k0t, oq, input_precision=PREC)
-        oq = tl.dot(ql * r1, k1t, oq, input_precision=PREC)
-        oq = tl.dot(ql * r2, k2t, oq, input_precision=PREC)
-    return dk, dq, ok, oq, ss
+        od = tl.dot(xl * tl.where(blk == 0, 0.0, tl.where(blk == 1, 1.0, tl.where(blk == 2, f21, f31))),
+                    tl.trans(tl.where(blk == 0, kr * f10, 0.0)), od, input_precision=PREC)
+        od = tl.dot(xl * tl.where(blk <= 1, 0.0, tl.where(blk == 2, 1.0, f32)),
+                    tl.trans(tl.where(blk == 1, kr * f21, 0.0)), od, input_precision=PREC)
+        od = tl.dot(tl.where(blk == 3, xl, 0.0), tl.trans(tl.where(blk == 2, kr * f32, 0.0)), od,
+                    input_precision=PREC)
+    return d, od, ss
+
+
+@triton.jit
+def _k_rstd_full(kb, rstd_k, tok0, i_h, i_hv, rows, valid, ss, H: tl.constexpr, HV: tl.constexpr,
+                 K: tl.constexpr, BK: tl.constexpr, STORE: tl.constexpr):
+    """k's row rstd from the raw k k^T diagonal (stored to rstd_k by one writer per key head when
+    STORE) and whether a row's sum of squares reached RAW_K_SSQ_MAX."""
+    ssq = tl.sum(tl.where(rows[:, None] == rows[None, :], ss, 0.0), 1)
+    n = row_rstd(kb, rows, valid, ssq, K, H * K, BK)
+    if STORE:
+        if i_hv % (HV // H) == 0:
+            tl.store(rstd_k + (tok0 + rows) * H + i_h, n, mask=valid)
+    return n, tl.max(ssq, 0) >= RAW_K_SSQ_MAX
 
 
 @triton.jit(do_not_specialize=["T", "NT"])
@@ -435,14 +463,16 @@ def kda_intra_kernel(
     BT: tl.constexpr, BC: tl.constexpr,
     IS_VARLEN: tl.constexpr, FUSE_K: tl.constexpr, PREC: tl.constexpr,
 ):
-    """Grid (chunks, B*HV).  KDA's intra-chunk step: writes g_cs (per-channel chunk-local cumsum of g,
-    times log2 e), A = (I + L)^-1 with L = strict-lower(beta * gated K K^T), Aqk = lower(gated Q K^T)
-    on q as given (raw under the fused routes, where the output kernel scales each row once at the
-    end) and, with FUSE_K, rstd_k, folded into both grams here where k is first read.
+    """Grid (chunks, B*HV, 2).  KDA's intra-chunk step; program 0 of the last axis: A = (I + L)^-1
+    with L = strict-lower(beta * gated K K^T) and, with FUSE_K, rstd_k (k's norm is folded into the
+    grams here, where k is first read); program 1: Aqk = lower(gated Q K^T) on q as given (raw under
+    the fused routes, where the output kernel scales each row once at the end) and g_cs (the
+    per-channel chunk-local cumsum of g, times log2 e).
 
-    The grams are [64, 64] dots per K tile (tensor-core sized); a first version accumulated twenty
-    16x16 blocks and took 2218 us of FLA's whole 2420 us forward on kda-legacy6 h96_fixed (H200)."""
-    i_c, i_bh = tl.program_id(0), tl.program_id(1)
+    Latency-bound (H200, kda-legacy6 h96_fixed): twenty 16x16-block dots per K tile took 2218 us of
+    FLA's whole 2420 us forward; both grams as [64, 64] dots in one program 1882 us at 4 warps and
+    twice that at 8 (one CTA per SM).  Hence one gram per program and a doubling solve."""
+    i_c, i_bh, which = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     i_b, i_hv = i_bh // HV, i_bh % HV
     i_h = i_hv // (HV // H)
     tok0, n_valid, i_g = chunk_coords(i_c, i_b, T, NT, cu_seqlens, chunk_indices, BT, IS_VARLEN)
@@ -454,37 +484,44 @@ def kda_intra_kernel(
     gb = g + tok0 * (HV * K) + i_hv * K
     gcb = g_cs + tok0 * (HV * K) + i_hv * K
     one = tl.full([BT], 1.0, dtype=tl.float32)
-    dk, dq, ok, oq, ss = _kda_grams(qb, kb, gb, gcb, rows, valid, one, H, HV, K, BK, BT, BC, False, FUSE_K, PREC)
-    if FUSE_K:
-        ssq = tl.sum(tl.where(rows[:, None] == rows[None, :], ss, 0.0), 1)
-        n = row_rstd(kb, rows, valid, ssq, K, H * K, BK)
-        if i_hv % (HV // H) == 0:  # one writer per key head
-            tl.store(rstd_k + (tok0 + rows) * H + i_h, n, mask=valid)
-        if tl.max(ssq, 0) >= RAW_K_SSQ_MAX:
-            # rare: a k row of norm >= 2^19 may have overflowed its e^75 factor; redo the grams on
-            # rows normalized on load
-            dk, dq, ok, oq, ss = _kda_grams(qb, kb, gb, gcb, rows, valid, n, H, HV, K, BK, BT, BC, True, False,
-                                            PREC)
-        else:
-            dk = dk * n[:, None] * n[None, :]
-            ok = ok * n[:, None] * n[None, :]
-            dq = dq * n[None, :]
-            oq = oq * n[None, :]
-
+    causal = rows[:, None] >= rows[None, :]
     same = (rows // BC)[:, None] == (rows // BC)[None, :]
-    # ---- Aqk: the causal part (diagonal included), zeros above
-    aqk = tl.where(rows[:, None] >= rows[None, :], tl.where(same, dq, oq), 0.0)
-    tl.store(Aqk + (tok0 + rows[:, None]) * (HV * BT) + i_hv * BT + rows[None, :], aqk.to(Aqk.dtype.element_ty),
-             mask=valid[:, None])
-
-    # ---- L = strict-lower(beta * Akk), A = (I + L)^-1 in k's dtype
-    b = tl.load(beta + (tok0 + rows) * HV + i_hv, mask=valid, other=0.0).to(tl.float32)
-    # where() after the product: entries outside the causal part may be inf or NaN, never selected
-    L = tl.where((rows[:, None] > rows[None, :]) & valid[:, None], tl.where(same, dk, ok) * b[:, None], 0.0)
-    l00, l10, l11, l20, l21, l22, l30, l31, l32, l33 = _lower_blocks(L, BC)
-    o = tl.arange(0, BC)
-    x00, x10, x11, x20, x21, x22, x30, x31, x32, x33 = _unit_lower_solve(
-        l00, l10, l11, l20, l21, l22, l30, l31, l32, l33, o, BC, PREC)
-    _store_lower(A + tok0 * (HV * BT) + i_hv * BT, o, o + BC, o + 2 * BC, o + 3 * BC,
-                 o < n_valid, o + BC < n_valid, o + 2 * BC < n_valid, o + 3 * BC < n_valid,
-                 x00, x10, x11, x20, x21, x22, x30, x31, x32, x33, HV * BT, o, BC)
+    if which == 0:
+        d, od, ss = _kda_gram(kb, kb, gb, gcb, rows, valid, one, H, HV, K, BK, BT, BC, True, False, FUSE_K,
+                              False, PREC)
+        if FUSE_K:
+            n, huge = _k_rstd_full(kb, rstd_k, tok0, i_h, i_hv, rows, valid, ss, H, HV, K, BK, True)
+            if huge:
+                # rare: a k row of norm >= 2^19 may have overflowed its e^75 factor; redo the gram on
+                # rows normalized on load
+                d, od, ss = _kda_gram(kb, kb, gb, gcb, rows, valid, n, H, HV, K, BK, BT, BC, True, True, False,
+                                      False, PREC)
+            else:
+                d = d * n[:, None] * n[None, :]
+                od = od * n[:, None] * n[None, :]
+        b = tl.load(beta + (tok0 + rows) * HV + i_hv, mask=valid, other=0.0).to(tl.float32)
+        # where() after the product: entries outside the causal part may be inf or NaN, never selected
+        L = tl.where(causal & ~(rows[:, None] == rows[None, :]) & valid[:, None],
+                     tl.where(same, d, od) * b[:, None], 0.0)
+        l00, l10, l11, l20, l21, l22, l30, l31, l32, l33 = _lower_blocks(L, BC)
+        o = tl.arange(0, BC)
+        x00, x10, x11, x20, x21, x22, x30, x31, x32, x33 = _unit_lower_solve(
+            l00, l10, l11, l20, l21, l22, l30, l31, l32, l33, o, BC, PREC, True)
+        _store_lower(A + tok0 * (HV * BT) + i_hv * BT, o, o + BC, o + 2 * BC, o + 3 * BC,
+                     o < n_valid, o + BC < n_valid, o + 2 * BC < n_valid, o + 3 * BC < n_valid,
+                     x00, x10, x11, x20, x21, x22, x30, x31, x32, x33, HV * BT, o, BC)
+    else:
+        d, od, ss = _kda_gram(qb, kb, gb, gcb, rows, valid, one, H, HV, K, BK, BT, BC, False, False, FUSE_K,
+                              True, PREC)
+        if FUSE_K:
+            n, huge = _k_rstd_full(kb, rstd_k, tok0, i_h, i_hv, rows, valid, ss, H, HV, K, BK, False)
+            if huge:
+                d, od, ss = _kda_gram(qb, kb, gb, gcb, rows, valid, n, H, HV, K, BK, BT, BC, False, True, False,
+                                      False, PREC)
+            else:
+                d = d * n[None, :]
+                od = od * n[None, :]
+        # the causal part (diagonal included), zeros above
+        aqk = tl.where(causal, tl.where(same, d, od), 0.0)
+        tl.store(Aqk + (tok0 + rows[:, None]) * (HV * BT) + i_hv * BT + rows[None, :],
+                 aqk.to(Aqk.dtype.element_ty), mask=valid[:, None])
