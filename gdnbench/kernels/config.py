@@ -73,9 +73,10 @@ class GDNConfig:
     output_fused: KernelConfig = field(default_factory=lambda: KernelConfig(BK=32, BV=128, num_warps=4,
                                                                            num_stages=3, maxnreg=168))
     # KDA only: per-channel gate cumsum, gated K K^T and Q K^T grams, (I + A)^-1 solve, per (chunk, head).
-    # Latency-bound: 4 warps, several CTAs per SM (H200, the one-program-per-chunk version: 1882 us at
-    # 4 warps, 4322 us at 8 warps with one CTA per SM)
-    kda_intra: KernelConfig = field(default_factory=lambda: KernelConfig(BK=32, num_warps=4, num_stages=1))
+    # H200, kda-legacy6 h96_fixed, kda_intra alone: 1808 us at 2 warps, 2188 at 4, 4737 at 8; BK 16
+    # 2609-3305 us (logs/20261130_kda_intra_sweep.log).  Bound by shared-memory traffic (ncu: L1 72 %,
+    # 12 % occupancy from 234 registers), not by the dots
+    kda_intra: KernelConfig = field(default_factory=lambda: KernelConfig(BK=32, num_warps=2, num_stages=1))
 
 
 DEFAULT_CONFIG = GDNConfig()
