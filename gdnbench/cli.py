@@ -83,9 +83,9 @@ def run(
                                                 "mode's: explicit,flag,fused_q,fused_qk for fwd; explicit,flag,"
                                                 "megatron,megatron_flag for fwd_bwd; explicit,flag for decode)."),
     shape_ids: Optional[list[str]] = typer.Option(None, "--shape-id", help="Only these shape ids."),
-    mode: str = typer.Option("fwd", help="fwd; fwd_bwd: forward + backward with a gradient gate, "
-                                          "saved/peak bytes; decode: one token for each of N sequences "
-                                          "from a state pool (decode shape sets), time per step and GB/s."),
+    mode: Optional[str] = typer.Option(None, help="fwd (default); fwd_bwd: forward + backward with a gradient "
+                                       "gate, saved/peak bytes; decode: one token for each of N sequences "
+                                       "from a state pool (decode shape sets), time per step and GB/s."),
     device: str = typer.Option("auto", help="auto, cuda or cpu."),
     out: Optional[Path] = typer.Option(None, "--out", "-o", help="Results file (one set) or directory."),
     l2: str = typer.Option("warm", help="warm, or cold: flush L2 before each timed call."),
@@ -101,12 +101,30 @@ def run(
                                       "tuned configs are cached in results/tuned/<gpu>/helion/."),
     helion_examples: Optional[Path] = typer.Option(None, help="A Helion repository checkout (or its examples/linear) "
                                                    "for backend helion-linear (default: $GDNBENCH_HELION_EXAMPLES)."),
+    resume: Optional[Path] = typer.Option(None, "--resume", help="Continue an interrupted run: measure the shapes "
+                                          "of this results file that lack a row for some backend:route, keep the "
+                                          "rest, write all back to it. Set, mode, backends, routes and timing "
+                                          "options default to the file's; device, GPU, versions and code must "
+                                          "match."),
 ):
     """Check, then time, each backend x route on each shape of the sets; write results and print the report."""
     with _bad_input_exits():
         _helion_options(helion_effort, helion_examples)
-        _run(shapes, backends, routes, shape_ids, mode, device, out, l2, warmup, rounds, iters, check_tokens,
-             isolate, plot_chart, worker_timeout)
+        if resume is not None:
+            from . import results
+
+            prior = results.load(resume)
+            run0, t0 = prior.get("run") or {}, prior["timing"]
+            if out is not None:
+                raise UsageError("--resume writes back to its own file; leave out --out")
+            shapes = shapes or [prior["shape_set"]["name"]]
+            mode = mode or run0.get("mode")
+            backends = backends or run0.get("backends")
+            routes = routes or run0.get("routes")
+            check_tokens = check_tokens or run0.get("check_tokens")
+            warmup, rounds, iters, l2 = t0["warmup_calls"], t0["rounds"], t0["iters_per_round"], t0["l2"]
+        _run(shapes, backends, routes, shape_ids, mode or "fwd", device, out, l2, warmup, rounds, iters,
+             check_tokens, isolate, plot_chart, worker_timeout, resume)
 
 
 HELION_EFFORTS = ("none", "quick", "full")
@@ -136,7 +154,7 @@ def _resolve_device(device: str) -> str:
 
 
 def _run(shapes, backends, routes, shape_ids, mode, device, out, l2, warmup, rounds, iters, check_tokens, isolate,
-         plot_chart, worker_timeout):
+         plot_chart, worker_timeout, resume=None):
     from . import backends as registry
     from . import results
     from .runner import run_set
@@ -166,6 +184,8 @@ def _run(shapes, backends, routes, shape_ids, mode, device, out, l2, warmup, rou
         raise UsageError(f"--out {out}: several shape sets write several files; give a directory")
     ids = _split(shape_ids)
     env = results.capture_env(device)
+    if resume is not None and len(sets) > 1:
+        raise UsageError("--resume continues one results file: give one shape set")
     for ss in sets:
         bad = [i for i in ids if i not in {s.id for s in ss.shapes}]
         if ids and len(bad) == len(ids):
@@ -174,23 +194,38 @@ def _run(shapes, backends, routes, shape_ids, mode, device, out, l2, warmup, rou
         path = out if (out is not None and out.suffix == ".json") else (
             (out / results.default_path(env, ss.name, stamp).name) if out is not None
             else results.default_path(env, ss.name, stamp))
-        n_shapes = len([i for i in ids if i not in bad]) if ids else len(ss.shapes)
-        rows, interrupted = _run_with_progress(ss, n_shapes * len(backend_names) * len(routes_l), lambda on_row, on_shape: run_set(
-            ss, backend_names, routes_l, mode, device, check_tokens, params, [i for i in ids if i not in bad] or None,
-            isolate, on_row, on_shape, worker_timeout))
+        wanted = [i for i in ids if i not in bad] or [s.id for s in ss.shapes]
+        if resume is not None:
+            prior = results.load(resume)
+            results.check_resumable(prior, resume, env, ss)
+            wanted = results.shapes_to_resume(prior, wanted, [(b, r) for b in backend_names for r in routes_l])
+            path = resume
+            if not wanted:
+                console.print(f"nothing to resume: every shape of {resume} has its rows")
+                _print_tables(rep.report_tables(prior))
+                continue
+            console.print(f"resuming {resume}: {len(wanted)} shape(s) to measure: {', '.join(wanted)}")
+        rows, interrupted = _run_with_progress(ss, len(wanted) * len(backend_names) * len(routes_l), lambda on_row, on_shape: run_set(
+            ss, backend_names, routes_l, mode, device, check_tokens, params, wanted, isolate, on_row, on_shape,
+            worker_timeout))
         run_info = {"argv": sys.argv[1:], "backends": backend_names, "routes": routes_l, "mode": mode,
                     "device": device, "check_tokens": check_tokens, "isolate": isolate, "interrupted": interrupted}
-        doc = results.make_document(env, ss, params.describe(), run_info, rows, stamp)
+        if resume is not None:
+            doc = results.merge_resumed(prior, rows, wanted, [s.id for s in ss.shapes],
+                                        {"argv": sys.argv[1:], "utc": stamp, "shapes": wanted,
+                                         "interrupted": interrupted})
+        else:
+            doc = results.make_document(env, ss, params.describe(), run_info, rows, stamp)
         written = results.write_atomic(doc, Path(path))
         console.print(f"[green]wrote[/green] {written}")
         _print_tables(rep.report_tables(doc))
-        if plot_chart and any(r["status"] == "ok" for r in rows):
+        if plot_chart and any(r["status"] == "ok" for r in doc["rows"]):
             from .plot import plot
 
             console.print(f"[green]chart[/green] {plot(doc, Path(written).with_suffix('.png'), mode=mode)}")
         if interrupted:
-            _fail(f"{interrupted}; the {len(rows)} rows measured so far were written to {written}",
-                  130 if interrupted == "interrupted" else 1)
+            _fail(f"{interrupted}; the {len(rows)} rows measured so far were written to {written}"
+                  f" (continue with: gdnbench run --resume {written})", 130 if interrupted == "interrupted" else 1)
 
 
 def _run_with_progress(ss, total: int, go):

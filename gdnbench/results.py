@@ -190,3 +190,47 @@ def load(path: str | Path) -> dict:
         if row["status"] not in ROW_STATUSES:
             raise ResultsError(f"{p}: row {i}: status {row['status']!r} is not one of {ROW_STATUSES}")
     return doc
+
+
+# ----------------------------------------------------------------------------- resuming a run
+def _context(env: dict) -> dict:
+    """What must not change between a run and its resumption: device, GPU, versions, code."""
+    return {"device": env.get("device"), "gpu": (env.get("gpu") or {}).get("name"),
+            "versions": env.get("versions"), "git": env.get("git")}
+
+
+def check_resumable(doc: dict, path, env: dict, shape_set) -> None:
+    """ResultsError (one line, naming the file and what differs) unless ``doc`` was measured on this
+    shape set, device, GPU, package versions and code, so that old and new rows compare."""
+    got = doc["shape_set"]
+    want = {"name": shape_set.name, "version": shape_set.version, "hash": shape_set.hash}
+    for key, value in want.items():
+        if got.get(key) != value:
+            raise ResultsError(f"{path}: shape set {key} {got.get(key)!r} differs from this one's {value!r}; "
+                               f"resume a file of the same shape set")
+    old, new = _context(doc["env"]), _context(env)
+    for key in old:
+        if old[key] != new[key]:
+            raise ResultsError(f"{path}: measured with {key} {old[key]!r}, here {new[key]!r}; a resumed run "
+                               f"needs the same device, GPU, versions and code")
+
+
+def shapes_to_resume(doc: dict, shape_ids: list[str], pairs: list[tuple[str, str]]) -> list[str]:
+    """The shapes (of ``shape_ids``, in order) that lack a row for some (backend, route) in ``pairs``."""
+    have: dict[str, set] = {}
+    for r in doc["rows"]:
+        have.setdefault(r["shape_id"], set()).add((r["backend"], r["route"]))
+    return [s for s in shape_ids if not set(pairs) <= have.get(s, set())]
+
+
+def merge_resumed(doc: dict, new_rows: list[dict], rerun: list[str], shape_order: list[str], run_note: dict) -> dict:
+    """``doc`` with the rows of the re-run shapes replaced by ``new_rows`` (a shape is always measured
+    whole: its routes are interleaved), rows in shape-set order, and the resumption noted in
+    run['resumed']."""
+    kept = [r for r in doc["rows"] if r["shape_id"] not in set(rerun)]
+    rank = {s: i for i, s in enumerate(shape_order)}
+    rows = sorted(kept + new_rows, key=lambda r: rank.get(r["shape_id"], len(rank)))  # stable within a shape
+    run = dict(doc.get("run") or {})
+    run["resumed"] = list(run.get("resumed", [])) + [run_note]
+    run["interrupted"] = run_note.get("interrupted")
+    return {**doc, "run": run, "rows": rows}

@@ -87,3 +87,40 @@ def test_env_lists_backends():
     assert r.exit_code == 0
     for name in ("gdnbench", "fla", "helion", "flashinfer", "reference"):
         assert name in r.output
+
+
+def test_resume_measures_only_the_missing_shapes(tmp_path):
+    out = tmp_path / "part.json"
+    args = ("--device", "cpu", "--shapes", "smoke", "--backends", "reference", "--routes", "explicit,flag")
+    r = invoke("run", *args, "--shape-id", "gdn_fixed_b2", "--out", str(out), "--no-plot")
+    assert r.exit_code == 0, r.output
+    first = json.loads(out.read_text())["rows"]
+    r = invoke("run", "--device", "cpu", "--resume", str(out), "--shape-id", "gdn_fixed_b2,kda_fixed", "--no-plot")
+    assert r.exit_code == 0, r.output
+    assert "1 shape(s) to measure: kda_fixed" in r.output
+    d = json.loads(out.read_text())
+    assert [(x["shape_id"], x["route"]) for x in d["rows"]] == [
+        ("gdn_fixed_b2", "explicit"), ("gdn_fixed_b2", "flag"), ("kda_fixed", "explicit"), ("kda_fixed", "flag")]
+    assert d["rows"][:2] == first  # measured rows are kept as they were, never re-measured
+    assert d["run"]["resumed"][0]["shapes"] == ["kda_fixed"] and d["run"]["interrupted"] is None
+    r = invoke("run", "--device", "cpu", "--resume", str(out), "--shape-id", "gdn_fixed_b2,kda_fixed")
+    assert r.exit_code == 0 and "nothing to resume" in r.output
+
+
+@pytest.mark.parametrize("edit, words", [
+    (lambda d: d["shape_set"].update(hash="sha256:0"), "shape set hash"),
+    (lambda d: d["env"]["git"].update(sha="0" * 40), "measured with git"),
+])
+def test_resume_refuses_another_context(tmp_path, edit, words):
+    out = tmp_path / "part.json"
+    r = invoke("run", "--device", "cpu", "--shapes", "smoke", "--backends", "reference", "--routes", "explicit",
+               "--shape-id", "gdn_fixed_b2", "--out", str(out), "--no-plot")
+    assert r.exit_code == 0, r.output
+    d = json.loads(out.read_text())
+    edit(d)
+    out.write_text(json.dumps(d))
+    r = invoke("run", "--device", "cpu", "--resume", str(out))
+    assert r.exit_code == 2 and words in r.output and "Traceback" not in r.output
+    assert len(r.output.strip().splitlines()) == 1
+    r = invoke("run", "--device", "cpu", "--resume", str(out), "--out", str(tmp_path / "x.json"))
+    assert r.exit_code == 2 and "leave out --out" in r.output
