@@ -1,4 +1,4 @@
-"""Autotune the stage kernels of gdnbench.ops.chunk_gdn: per shape, correctness-gated, cached.
+"""Autotune the stage kernels of gdnbench.ops.chunk_gdn and chunk_kda: per shape, correctness-gated, cached.
 
 Space. Per kernel: its block sizes (BR for l2norm; BK and/or BV for the others, powers of two
 from 16 up to the head size rounded up to a power of two: larger blocks are clamped by the
@@ -17,12 +17,16 @@ shape) is spent - checked between sweeps, so one sweep may overrun it.
 
 Candidate. Run in a worker subprocess (one per shape and rank, restarted when it dies, so an
 illegal memory access or a hang costs one candidate, recorded as ``crashed`` / ``timeout``):
-compiled and gated on the whole ``chunk_gdn`` forward of the kernel's route under the candidate
-config, against the fp64 recurrence with gdnbench.check's data-derived budget (the rel-RMS error
-against the default config's output is recorded too); then the stage kernel alone is timed by
-gdnbench.timing: CUDA-graph replay of one stage call on the full input (stage inputs precomputed
-with the default config), median over rounds. Every candidate yields a result with a status
+compiled and gated on the whole forward of the shape's family (``chunk_gdn`` or ``chunk_kda``) on
+the kernel's route under the candidate config, against the fp64 recurrence with gdnbench.check's
+data-derived budget (the rel-RMS error against the default config's output is recorded too); then
+the stage kernel alone is timed by gdnbench.timing: CUDA-graph replay of one stage call on the full
+input (stage inputs precomputed with the default config), median over rounds. Every candidate yields a result with a status
 (ok, incorrect, compile_error, error, crashed, timeout) and a reason; none is dropped.
+
+Families. A shape's family picks its kernels (KDA runs kda_intra where GDN runs gram and shares
+the others with per-channel gates), their specializations (:func:`gdnbench.tuned.variant_of`), its
+default config and validity rules, and its cache key; so each task is planned for one family.
 
 Scale-out. Under torchrun every rank runs the same search in lockstep; each batch of points is
 split round-robin by index (:func:`shard`), each rank evaluates its share on its own GPU, and
@@ -52,7 +56,7 @@ from . import tuned
 from .backends.base import one_line
 
 KERNELS = tuned.KERNELS
-ROUTES = ("explicit", "flag", "fused_q", "fused_qk")
+ROUTES = tuned.ROUTES
 MAXNREG_CAPS = tuple(range(64, 256, 8))  # 64, 72, ..., 248
 MAXNREG_VALUES = (None,) + MAXNREG_CAPS
 WARPS = (1, 2, 4, 8, 16)
@@ -63,8 +67,9 @@ EXHAUSTIVE_MAX = 256
 MIN_GAIN = 0.01
 DEFAULT_BUDGET_S = 300.0
 MAX_ROUNDS = 10
-KERNEL_FUNCTIONS = {"l2norm": "l2norm_kernel", "gram": "gram_solve_kernel", "wu": "wu_kernel",
-                    "state": "state_kernel", "output": "output_kernel", "output_fused": "output_kernel"}
+KERNEL_FUNCTIONS = {"l2norm": "l2norm_kernel", "gram": "gram_solve_kernel", "kda_intra": "kda_intra_kernel",
+                    "wu": "wu_kernel", "state": "state_kernel", "output": "output_kernel",
+                    "output_fused": "output_kernel"}
 OK_STATUSES = ("ok",)
 
 Point = dict  # dimension name -> value, in the space's dimension order
@@ -88,7 +93,7 @@ def dimensions(kernel: str, K: int, V: int) -> list[tuple[str, tuple]]:
             ("maxnreg", MAXNREG_VALUES)]
     if kernel == "l2norm":
         return [("BR", BR_VALUES)] + tail
-    blocks = {"gram": ("BK",), "wu": ("BK", "BV"), "state": ("BV",), "output": ("BK", "BV"),
+    blocks = {"gram": ("BK",), "kda_intra": ("BK",), "wu": ("BK", "BV"), "state": ("BV",), "output": ("BK", "BV"),
               "output_fused": ("BK", "BV")}[kernel]
     return [(b, _blocks_for(K if b == "BK" else V)) for b in blocks] + tail
 
@@ -142,17 +147,18 @@ def _start_point(kernel: str, base, dims, K: int, V: int) -> Point:
     return out
 
 
-def build_space(kernel: str, K: int, V: int, dtype: str) -> Space:
-    """The space of ``kernel`` for head sizes K, V and a storage dtype, pruned by validate()."""
+def build_space(kernel: str, K: int, V: int, dtype: str, family: str = "gdn") -> Space:
+    """The space of ``kernel`` for head sizes K, V, a storage dtype and a family, pruned by validate()
+    (KDA's kernels stream fp32 gate tiles too: their shared-memory estimates differ)."""
     from .kernels.config import default_config, validate
 
     elt = dtype_bytes(dtype)
-    base = default_config(K, V, elt)
+    base = default_config(K, V, elt, family)
     dims = dimensions(kernel, K, V)
 
     def is_valid(point: Point) -> bool:
         try:
-            validate(full_config(kernel, point, base), K, V, elt)
+            validate(full_config(kernel, point, base), K, V, elt, family)
         except (ValueError, TypeError):
             return False
         return True
@@ -161,8 +167,8 @@ def build_space(kernel: str, K: int, V: int, dtype: str) -> Space:
 
 
 @functools.lru_cache(maxsize=None)
-def count_valid(kernel: str, K: int, V: int, dtype: str) -> int:
-    return len(build_space(kernel, K, V, dtype).valid_points())
+def count_valid(kernel: str, K: int, V: int, dtype: str, family: str = "gdn") -> int:
+    return len(build_space(kernel, K, V, dtype, family).valid_points())
 
 
 # ----------------------------------------------------------------------------- search
@@ -339,23 +345,25 @@ def torch_dist() -> Dist:
 # ----------------------------------------------------------------------------- tasks
 @dataclass(frozen=True)
 class Task:
-    """One kernel specialization to tune, and the route it is gated and timed under."""
+    """One kernel specialization to tune, and the route it is gated and timed under, for the
+    shapes of one family."""
 
     kernel: str
     variant: str
     route: str
+    family: str = "gdn"
 
 
-def plan_tasks(routes: list[str], kernels: list[str]) -> list[Task]:
-    """The distinct (kernel, variant) pairs the routes run, restricted to ``kernels``."""
+def plan_tasks(routes: list[str], kernels: list[str], family: str = "gdn") -> list[Task]:
+    """The distinct (kernel, variant) pairs the routes run for ``family``, restricted to ``kernels``."""
     out: list[Task] = []
     for route in routes:
-        for kernel in tuned.ROUTE_KERNELS[route]:
+        for kernel in tuned.ROUTE_KERNELS[family][route]:
             if kernel not in kernels:
                 continue
-            variant = tuned.variant_of(kernel, route)
+            variant = tuned.variant_of(kernel, route, family)
             if all((t.kernel, t.variant) != (kernel, variant) for t in out):
-                out.append(Task(kernel, variant, tuned.MEASURE_ROUTE[variant]))
+                out.append(Task(kernel, variant, tuned.MEASURE_ROUTE[variant], family))
     return out
 
 
@@ -388,12 +396,13 @@ def fmt_values(values) -> str:
 
 
 def dry_run_rows(shapes: list, tasks: list[Task], exhaustive_max: int = EXHAUSTIVE_MAX) -> list[dict]:
-    """Per shape key and task: the dimensions, their values, the candidate counts and the strategy."""
+    """Per shape key and task of its family: the dimensions, their values, the candidate counts and
+    the strategy."""
     rows = []
     for s in unique_shapes(shapes):
-        for t in tasks:
-            space = build_space(t.kernel, s.K, s.V, s.dtype)
-            n_valid = count_valid(t.kernel, s.K, s.V, s.dtype)
+        for t in (t for t in tasks if t.family == s.family):
+            space = build_space(t.kernel, s.K, s.V, s.dtype, s.family)
+            n_valid = count_valid(t.kernel, s.K, s.V, s.dtype, s.family)
             rows.append({
                 "kernel": t.kernel, "variant": t.variant, "route": t.route, "shape_id": s.id,
                 "shape_key": tuned.shape_key(s), "dims": {d: list(v) for d, v in space.dims},
@@ -423,7 +432,8 @@ class _Bench:
         self.shape = load_file(spec["shape_set"]).get(spec["shape_id"])
         self.params = TimingParams(**spec["params"])
         s = self.shape
-        self.base = default_config(s.K, s.V, dtype_bytes(s.dtype))
+        self.kda = s.family == "kda"
+        self.base = default_config(s.K, s.V, dtype_bytes(s.dtype), s.family)
         check_shape = s.shortened(spec["check_tokens"])
         self.full = make_inputs(s, self.device)
         self.small = self.full if check_shape is s else make_inputs(check_shape, self.device)
@@ -435,15 +445,18 @@ class _Bench:
         self._stage: dict[str, dict] = {}
 
     def forward(self, inputs, route: str, cfg):
-        """The whole chunk_gdn forward of a route, as the gdnbench backend runs it."""
+        """The whole chunk_gdn / chunk_kda forward of a route, as the gdnbench backend runs it."""
         ops, x = self.ops, inputs
         kw = dict(scale=x.scale, initial_state=x.initial_state, output_final_state=True, config=cfg)
+        op = ops.chunk_gdn
+        if self.kda:
+            op = ops.chunk_kda
+            kw["lower_bound"] = x.lower_bound
         if x.cu_seqlens is not None:
             kw.update(cu_seqlens=x.cu_seqlens, chunk_indices=self.info[id(x)])
         if route == "explicit":
-            return ops.chunk_gdn(ops.l2norm(x.q, cfg.l2norm), ops.l2norm(x.k, cfg.l2norm), x.v, x.g, x.beta,
-                                 norm="none", **kw)
-        return ops.chunk_gdn(x.q, x.k, x.v, x.g, x.beta, norm=route, **kw)
+            return op(ops.l2norm(x.q, cfg.l2norm), ops.l2norm(x.k, cfg.l2norm), x.v, x.g, x.beta, norm="none", **kw)
+        return op(x.q, x.k, x.v, x.g, x.beta, norm=route, **kw)
 
     def default_output(self, route: str):
         if route not in self._default_o:
@@ -451,20 +464,30 @@ class _Bench:
         return self._default_o[route]
 
     def stage_inputs(self, route: str) -> dict:
-        """The inputs of every stage on the full shape, computed once with the default config."""
+        """The inputs of every stage on the full shape, computed once with the default config, chained
+        as ops._forward chains them. KDA: kda_intra also gives Aqk (for the output kernel, which then
+        reads no k), and the state kernel reads w/u's kg as its k, with k's rstd already in it."""
         if route in self._stage:
             return self._stage[route]
         ops, x, cfg, info = self.ops, self.full, self.base, self.info[id(self.full)]
         fuse_k, fuse_q = route == "fused_qk", route in ("fused_q", "fused_qk")
         k = x.k if fuse_k else ops.l2norm(x.k)
         q = x.q if fuse_q else ops.l2norm(x.q)
-        g_cs, A, rk = ops.gram_solve(k, x.g, x.beta, varlen=info, fuse_k=fuse_k, config=cfg)
-        w, u, _ = ops.recompute_wu(k, x.v, x.beta, A, g_cs, rstd_k=rk, varlen=info, config=cfg)
         h0 = None if x.initial_state is None else x.initial_state.float().contiguous()
-        h, vn, _ = ops.state_recurrence(k, w, u, g_cs, rstd_k=rk, initial_state=h0, output_final_state=True,
-                                        varlen=info, config=cfg)
-        self._stage[route] = dict(q=q, k=k, g_cs=g_cs, A=A, rk=rk, w=w, u=u, h0=h0, h=h, vn=vn, info=info,
-                                  fuse_k=fuse_k, fuse_q=fuse_q)
+        aqk = None
+        if self.kda:
+            g_cs, A, aqk, rk = ops.kda_intra(q, k, x.g, x.beta, varlen=info, fuse_k=fuse_k, raw_q=fuse_q, config=cfg)
+        else:
+            g_cs, A, rk = ops.gram_solve(k, x.g, x.beta, varlen=info, fuse_k=fuse_k, config=cfg)
+        w, u, kg = ops.recompute_wu(k, x.v, x.beta, A, g_cs, rstd_k=rk, varlen=info, config=cfg)
+        # the operands of the state and output kernels that differ by family
+        state_k, state_rk = (kg, None) if self.kda else (k, rk)
+        out_k, out_rk = (None, None) if self.kda else (k, rk)
+        h, vn, _ = ops.state_recurrence(state_k, w, u, g_cs, rstd_k=state_rk, initial_state=h0,
+                                        output_final_state=True, varlen=info, config=cfg)
+        self._stage[route] = dict(q=q, k=k, g_cs=g_cs, A=A, aqk=aqk, rk=rk, w=w, u=u, h0=h0, h=h, vn=vn,
+                                  info=info, fuse_k=fuse_k, fuse_q=fuse_q, state_k=state_k, state_rk=state_rk,
+                                  out_k=out_k, out_rk=out_rk)
         return self._stage[route]
 
     def stage_call(self, kernel: str, route: str, cfg):
@@ -475,15 +498,19 @@ class _Bench:
             return lambda: ops.l2norm(x.k, cfg.l2norm)
         if kernel == "gram":
             return lambda: ops.gram_solve(st["k"], x.g, x.beta, varlen=info, fuse_k=st["fuse_k"], config=cfg)
+        if kernel == "kda_intra":
+            return lambda: ops.kda_intra(st["q"], st["k"], x.g, x.beta, varlen=info, fuse_k=st["fuse_k"],
+                                         raw_q=st["fuse_q"], config=cfg)
         if kernel == "wu":
             return lambda: ops.recompute_wu(st["k"], x.v, x.beta, st["A"], st["g_cs"], rstd_k=st["rk"],
                                             varlen=info, config=cfg)
         if kernel == "state":
-            return lambda: ops.state_recurrence(st["k"], st["w"], st["u"], st["g_cs"], rstd_k=st["rk"],
+            return lambda: ops.state_recurrence(st["state_k"], st["w"], st["u"], st["g_cs"], rstd_k=st["state_rk"],
                                                 initial_state=st["h0"], output_final_state=True, varlen=info,
                                                 config=cfg)
-        return lambda: ops.chunk_output(st["q"], st["k"], st["vn"], st["h"], st["g_cs"], scale=x.scale,
-                                        rstd_k=st["rk"], fuse_q=st["fuse_q"], varlen=info, config=cfg)
+        return lambda: ops.chunk_output(st["q"], st["out_k"], st["vn"], st["h"], st["g_cs"], scale=x.scale,
+                                        rstd_k=st["out_rk"], fuse_q=st["fuse_q"], varlen=info, config=cfg,
+                                        aqk=st["aqk"])
 
     def time_us(self, fn) -> tuple[float, str]:
         """Median µs per call: CUDA-graph replays on the GPU (events where capture fails)."""
@@ -768,7 +795,7 @@ def make_entry(env: dict, task: Task, shape, set_name: str, space: Space, res: S
                    "exhaustive_max": opts.exhaustive_max, "dims": {d: list(v) for d, v in space.dims},
                    "space_total": space.total, "evaluated": len(res.results), "failed": failed,
                    "pruned_met": res.pruned},
-        "gate": "whole chunk_gdn forward of the route under the candidate config vs the fp64 recurrence "
+        "gate": f"whole chunk_{shape.family} forward of the route under the candidate config vs the fp64 recurrence "
                 "(gdnbench.check, data-derived budget); err_vs_default: rel-RMS against the default config",
         "timing": {"what": "the stage kernel alone, stage inputs precomputed with the default config",
                    "method": "median of CUDA-graph replays of one stage call", "warmup": opts.warmup,
@@ -782,7 +809,8 @@ def make_entry(env: dict, task: Task, shape, set_name: str, space: Space, res: S
 
 def tune(shapes: list[tuple[str, object]], tasks: list[Task], opts: TuneOptions, dist: Dist = Dist(),
          on_event: Callable[[str, dict], None] = lambda kind, info: None, client_factory=None) -> list[dict]:
-    """Run every task on every (shape-set path, shape); rank 0 writes each entry as it finishes.
+    """Run every task of a shape's family on every (shape-set path, shape); rank 0 writes each entry
+    as it finishes.
 
     ``on_event(kind, info)`` reports progress: 'search' (a search starts, with an estimate of its
     candidates), 'result' (one candidate), 'entry' (a search ended), 'skip' (with the reason)."""
@@ -790,6 +818,9 @@ def tune(shapes: list[tuple[str, object]], tasks: list[Task], opts: TuneOptions,
         spec, opts.device, rank_gpu(dist.local_rank) if opts.device == "cuda" else None, opts.timeout_s))
     entries = []
     for set_path, shape in shapes:
+        mine = [t for t in tasks if t.family == shape.family]
+        if not mine:
+            continue
         spec = {"shape_set": set_path, "shape_id": shape.id, "device": opts.device, "check_tokens": opts.check_tokens,
                 "params": {"warmup": opts.warmup, "rounds": opts.rounds, "iters": opts.iters}}
         client = factory(spec)
@@ -798,7 +829,7 @@ def tune(shapes: list[tuple[str, object]], tasks: list[Task], opts: TuneOptions,
             if envs[0] is None:
                 on_event("skip", {"shape": shape, "reason": client.last_error or "worker failed on rank 0"})
                 continue
-            for task in tasks:
+            for task in mine:
                 entries.append(_tune_one(client, envs[0], task, shape, set_path, opts, dist, on_event))
         finally:
             client.close()
@@ -806,7 +837,7 @@ def tune(shapes: list[tuple[str, object]], tasks: list[Task], opts: TuneOptions,
 
 
 def _tune_one(client, env, task: Task, shape, set_path: str, opts: TuneOptions, dist: Dist, on_event) -> dict:
-    space = build_space(task.kernel, shape.K, shape.V, shape.dtype)
+    space = build_space(task.kernel, shape.K, shape.V, shape.dtype, shape.family)
     on_event("search", {"task": task, "shape": shape, "estimate": space.pass_size()})
     local = per_candidate(lambda p: client.evaluate(task.kernel, task.route, p))
     evaluate = local if dist.world == 1 else sharded(local, dist)

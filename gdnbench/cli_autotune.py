@@ -18,8 +18,8 @@ from rich.console import Console
 
 EXIT_BAD_INPUT = 2
 EXIT_NO_DEVICE = 3
-DEFAULT_SETS = ("gdn-qwen6",)
-NO_KDA = "kda is not tuned yet: gdnbench autotune tunes our GDN stage kernels only (chunk_kda runs its defaults)"
+# the shape sets tuned when --shapes is not given, per --family
+DEFAULT_SETS = {"gdn": ("gdn-qwen6",), "kda": ("kda-legacy6",), "all": ("gdn-qwen6", "kda-legacy6")}
 RANK_ENV = "GDNBENCH_AUTOTUNE_RANKED"  # set on the torchrun re-launch: do not re-launch again
 
 console = Console()
@@ -47,8 +47,8 @@ def _pick(values: Optional[list[str]], known: tuple, what: str) -> list[str]:
     return got
 
 
-def select_shapes(set_names: list[str], shape_ids: list[str], family: str) -> tuple[list[tuple[str, object]], int]:
-    """(set path, shape) pairs to tune and the number of KDA shapes left out."""
+def select_shapes(set_names: list[str], shape_ids: list[str], family: str) -> list[tuple[str, object]]:
+    """(set path, shape) pairs to tune: the sets' shapes of ``family`` (gdn, kda or all)."""
     from . import shapes as shp
 
     pairs = []
@@ -57,9 +57,7 @@ def select_shapes(set_names: list[str], shape_ids: list[str], family: str) -> tu
         pairs += [(ss.path, s) for s in ss.shapes if not shape_ids or s.id in shape_ids]
     if shape_ids and not pairs:
         raise _Bad(f"--shape-id: none of {', '.join(shape_ids)} is in {', '.join(set_names)}")
-    kda = sum(1 for _, s in pairs if s.family == "kda")
-    keep = [(p, s) for p, s in pairs if s.family == "gdn" and family in ("gdn", "all")]
-    return keep, kda
+    return [(p, s) for p, s in pairs if family in ("all", s.family)]
 
 
 def relaunch_command(argv: list[str], nproc: int) -> list[str]:
@@ -153,11 +151,14 @@ def register(app: typer.Typer) -> None:
     @app.command()
     def autotune(
         shapes: Optional[list[str]] = typer.Option(None, "--shapes", "-s", help="Shape set names or .toml paths "
-                                                    "(default: gdn-qwen6)."),
+                                                    "(default: gdn-qwen6 for --family gdn, kda-legacy6 "
+                                                    "for kda, both for all)."),
         shape_ids: Optional[list[str]] = typer.Option(None, "--shape-id", help="Only these shape ids."),
-        family: str = typer.Option("all", help="gdn, kda or all (kda shapes are not tuned yet)."),
+        family: str = typer.Option("all", help="gdn, kda or all: tune the selected shapes of this family "
+                                   "(chunk_gdn's or chunk_kda's kernels)."),
         kernels: Optional[list[str]] = typer.Option(None, "--kernels", "-k", help="Comma-separated stage kernels "
-                                                     "(default: l2norm,gram,wu,state,output,output_fused)."),
+                                                     "(default: l2norm,gram,kda_intra,wu,state,output,output_fused; "
+                                                     "gram runs for gdn shapes, kda_intra for kda)."),
         routes: Optional[list[str]] = typer.Option(None, "--routes", "-r", help="Routes whose kernel "
                                                     "specializations to tune (default: all)."),
         budget: float = typer.Option(300.0, help="Seconds per kernel and shape search (checked between sweeps)."),
@@ -189,22 +190,23 @@ def register(app: typer.Typer) -> None:
                               ("--rounds", rounds), ("--iters", iters), ("--warmup", warmup + 1)):
                 if val < 1:
                     raise _Bad(f"{name}: must be at least {1 if name != '--exhaustive-max' else 0}")
-            if fam == "kda":
-                console.print(NO_KDA)
-                raise typer.Exit(0)
             dev = _resolve_device(device, dry_run)
-            pairs, n_kda = select_shapes(_split(shapes) or list(DEFAULT_SETS), _split(shape_ids), fam)
+            set_names = _split(shapes) or list(DEFAULT_SETS[fam])
+            pairs = select_shapes(set_names, _split(shape_ids), fam)
         except _domain_errors() as e:
             _fail(str(e))
-        if n_kda:
-            console.print(f"[yellow]{n_kda} kda shape(s) left out: {NO_KDA}[/yellow]")
         if not pairs:
-            if n_kda:
-                raise typer.Exit(0)
-            _fail("no gdn shapes selected")
+            _fail(f"no {'' if fam == 'all' else fam + ' '}shapes selected in {', '.join(set_names)}")
         from . import autotune as at
 
-        tasks = at.plan_tasks(route_l, kernel_l)
+        tasks = []
+        for f in dict.fromkeys(s.family for _, s in pairs):
+            planned = at.plan_tasks(route_l, kernel_l, f)
+            if not planned:  # e.g. --kernels gram on kda shapes, which run kda_intra
+                n = sum(1 for _, s in pairs if s.family == f)
+                console.print(f"[yellow]{n} {f} shape(s) left out: --kernels {','.join(kernel_l)} are not run by "
+                              f"{f} on --routes {','.join(route_l)}[/yellow]")
+            tasks += planned
         if not tasks:
             _fail(f"--kernels {','.join(kernel_l)} are not run by --routes {','.join(route_l)}")
         if dry_run:
@@ -257,9 +259,9 @@ def _known_kernels() -> tuple:
 
 
 def _known_routes() -> tuple:
-    from .tuned import ROUTE_KERNELS
+    from .tuned import ROUTES
 
-    return tuple(ROUTE_KERNELS)
+    return ROUTES
 
 
 def _domain_errors():

@@ -8,11 +8,14 @@ key matches the machine and the code:
 - ``source_hash``: sha256 of the kernel's module file and ``kernels/common.py`` (its shared
   helpers). Editing a kernel makes its entries stale: they are ignored with a warning
   (a new ``gdnbench autotune`` replaces them);
-- ``shape_key``: K, V, H, HV, storage dtype, fixed or varlen (the kernels compile
-  separately for each), and the token count rounded up to a power of two (the grid size
-  that decides occupancy; shapes within a factor of two share their tuning);
+- ``shape_key``: the family (``gdn_`` / ``kda_`` prefix: KDA runs other specializations of the
+  shared kernels, with per-channel gates), K, V, H, HV, storage dtype, fixed or varlen (the
+  kernels compile separately for each), and the token count rounded up to a power of two (the
+  grid size that decides occupancy; shapes within a factor of two share their tuning), e.g.
+  ``kda_K128_V128_H96_HV96_bfloat16_fixed_T8192``;
 - ``variant``: which specialization of the kernel ran (``plain``; ``fuse_k`` for the k-norm
-  folded into gram/wu/state under fused_qk; ``fused_q`` / ``fused_qk`` for output_fused).
+  folded into gram/kda_intra/wu/state under fused_qk, though not into KDA's state, which reads
+  kg; ``fused_q`` / ``fused_qk`` for output_fused).
 
 No torch import here; :func:`device_env` imports it lazily.
 """
@@ -31,24 +34,29 @@ from .results import RESULTS_DIR, slug, write_atomic
 
 TUNED_DIR = RESULTS_DIR / "tuned"
 CACHE_SCHEMA = 1
-KERNELS = ("l2norm", "gram", "wu", "state", "output", "output_fused")
+KERNELS = ("l2norm", "gram", "kda_intra", "wu", "state", "output", "output_fused")
 KERNEL_DIR = Path(__file__).resolve().parent / "kernels"
 # the files whose text decides each kernel's code (its module and the shared helpers)
 KERNEL_SOURCES = {
     "l2norm": ("common.py",),
     "gram": ("intra.py", "common.py"),
+    "kda_intra": ("intra.py", "common.py"),
     "wu": ("intra.py", "common.py"),
     "state": ("state.py", "common.py"),
     "output": ("output.py", "common.py"),
     "output_fused": ("output.py", "common.py"),
 }
-# the stage kernels each route launches (explicit runs the same kernels as flag)
-ROUTE_KERNELS = {
+# the stage kernels each route launches, per family (explicit runs the same kernels as flag);
+# KDA runs kda_intra where GDN runs gram and shares the others
+_GDN_ROUTES = {
     "explicit": ("l2norm", "gram", "wu", "state", "output"),
     "flag": ("l2norm", "gram", "wu", "state", "output"),
     "fused_q": ("l2norm", "gram", "wu", "state", "output_fused"),
     "fused_qk": ("gram", "wu", "state", "output_fused"),
 }
+ROUTES = tuple(_GDN_ROUTES)
+ROUTE_KERNELS = {"gdn": _GDN_ROUTES,
+                 "kda": {r: tuple("kda_intra" if k == "gram" else k for k in ks) for r, ks in _GDN_ROUTES.items()}}
 # the route a (kernel, variant) is measured under
 MEASURE_ROUTE = {"plain": "flag", "fuse_k": "fused_qk", "fused_q": "fused_q", "fused_qk": "fused_qk"}
 DISABLE_ENV = "GDNBENCH_TUNED"  # GDNBENCH_TUNED=0: `gdnbench run` ignores the cache
@@ -58,11 +66,14 @@ class StaleEntry(UserWarning):
     """A cache entry whose kernel source or Triton version no longer matches."""
 
 
-def variant_of(kernel: str, route: str) -> str:
-    """Which compiled specialization of ``kernel`` the route runs (the constexpr flags that differ)."""
+def variant_of(kernel: str, route: str, family: str = "gdn") -> str:
+    """Which compiled specialization of ``kernel`` the route runs (the constexpr flags that differ).
+
+    KDA's state kernel reads kg, which w/u wrote with k's rstd already in it: no fuse_k there."""
     if kernel == "output_fused":
         return route
-    if kernel in ("gram", "wu", "state") and route == "fused_qk":
+    fuse_k = ("gram", "wu", "state") if family == "gdn" else ("kda_intra", "wu")
+    if kernel in fuse_k and route == "fused_qk":
         return "fuse_k"
     return "plain"
 
@@ -87,7 +98,8 @@ def token_bucket(tokens: int) -> int:
 def shape_key(shape) -> str:
     """The part of a shape that tuning depends on, as one string (see the module docstring)."""
     mix = "varlen" if shape.varlen else "fixed"
-    return f"K{shape.K}_V{shape.V}_H{shape.H}_HV{shape.HV}_{shape.dtype}_{mix}_T{token_bucket(shape.tokens)}"
+    return (f"{shape.family}_K{shape.K}_V{shape.V}_H{shape.H}_HV{shape.HV}_{shape.dtype}_{mix}"
+            f"_T{token_bucket(shape.tokens)}")
 
 
 def normalize_env(env: dict) -> dict:
@@ -191,8 +203,9 @@ def winner(entry: dict) -> dict | None:
 
 
 def tuned_config(shape, route: str, env: dict | None, cache_dir: Path = TUNED_DIR):
-    """(GDNConfig, description) for ``shape`` on ``route``: the shape's default config with each
-    stage kernel replaced by its tuned winner where a matching cache entry exists.
+    """(GDNConfig, description) for ``shape`` on ``route``: the default config of the shape's family
+    with each stage kernel the family runs replaced by its tuned winner where a matching cache
+    entry exists (the shape key carries the family, so only that family's entries match).
 
     The description is 'default' or 'tuned: kernel[config], ...'. Without a device identity
     (CPU) or with GDNBENCH_TUNED=0 it is always the default."""
@@ -200,12 +213,11 @@ def tuned_config(shape, route: str, env: dict | None, cache_dir: Path = TUNED_DI
 
     elt = {"float32": 4}.get(shape.dtype, 2)
     cfg = default_config(shape.K, shape.V, elt, shape.family)
-    # the cache holds GDN tunings only: a shape key has no family, and KDA runs other specializations
-    if env is None or os.environ.get(DISABLE_ENV, "1") == "0" or shape.family != "gdn":
+    if env is None or os.environ.get(DISABLE_ENV, "1") == "0":
         return cfg, "default"
     changed = {}
-    for kernel in ROUTE_KERNELS[route]:
-        e = find_entry(cache_dir, env, kernel, shape, variant_of(kernel, route))
+    for kernel in ROUTE_KERNELS[shape.family][route]:
+        e = find_entry(cache_dir, env, kernel, shape, variant_of(kernel, route, shape.family))
         point = winner(e) if e else None
         if point is not None:
             changed[kernel] = point
@@ -213,7 +225,7 @@ def tuned_config(shape, route: str, env: dict | None, cache_dir: Path = TUNED_DI
         return cfg, "default"
     try:
         new = dataclasses.replace(cfg, **{k: kernel_config(k, p) for k, p in changed.items()})
-        validate(new, shape.K, shape.V, elt)
+        validate(new, shape.K, shape.V, elt, shape.family)
     except (TypeError, ValueError) as e:
         warnings.warn(f"tuned config for {shape_key(shape)} {route} is invalid ({e}); using the default",
                       StaleEntry, stacklevel=2)

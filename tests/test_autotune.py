@@ -1,5 +1,6 @@
 """The autotuner without a GPU: space and pruning, search strategies on fake costs, sharding,
-the cache (keys, staleness, lookup) and the dry-run CLI.
+the cache (keys, staleness, lookup), the dry-run CLI, and both families' candidates evaluated for
+real by a CPU worker (interpreter, fp32 smoke shapes: times not meaningful).
 
 Nothing here imports triton at module load: test_ops_gdn must set TRITON_INTERPRET=1 before
 triton is first imported (at collection), so triton-backed names are imported inside tests.
@@ -21,6 +22,10 @@ def _shape(**kw):
     base = dict(id="s", family="gdn", H=16, HV=32, K=128, V=128, lens=(8192,), seed=1, gate="logsigmoid",
                 dtype="bfloat16")
     return shp.Shape(**{**base, **kw})
+
+
+def _kda_shape(**kw):
+    return _shape(**{"family": "kda", "gate": "bounded", "lower_bound": -5.0, **kw})
 
 
 # ----------------------------------------------------------------------------- space
@@ -52,6 +57,35 @@ def test_start_point_is_the_default_config_and_blocks_are_clamped():
     assert not space.is_valid({**space.start, "num_warps": 16, "maxnreg": 248})  # register file
     with pytest.raises(ValueError, match="register file"):
         validate(GDNConfig(state=KernelConfig(BV=32, num_warps=16, num_stages=2, maxnreg=200)), 128, 128)
+
+
+def test_kda_space_tunes_kda_intra_block_and_prunes_with_gate_tiles():
+    from gdnbench.kernels.config import SMEM_LIMIT_BYTES, KernelConfig, _smem_estimate
+
+    space = at.build_space("kda_intra", 128, 128, "bfloat16", "kda")
+    assert [d for d, _ in space.dims] == ["BK", "num_warps", "num_stages", "maxnreg"]
+    assert dict(space.dims)["BK"] == (16, 32, 64, 128)
+    assert space.start == {"BK": 32, "num_warps": 2, "num_stages": 1, "maxnreg": None}  # the KDA default
+    big = {"BK": 128, "num_warps": 4, "num_stages": 4, "maxnreg": None}
+    assert _smem_estimate("kda_intra", KernelConfig(**big), 128, 128, 2, "kda") > SMEM_LIMIT_BYTES
+    assert not space.is_valid(big) and space.is_valid({**big, "num_stages": 3})
+    assert 0 < at.count_valid("kda_intra", 128, 128, "bfloat16", "kda") < space.total
+    # KDA's w/u also streams fp32 gate tiles: fewer points fit than for GDN
+    assert at.count_valid("wu", 256, 256, "float32", "kda") < at.count_valid("wu", 256, 256, "float32", "gdn")
+    assert not at.build_space("wu", 256, 256, "float32", "kda").is_valid(
+        {"BK": 256, "BV": 256, "num_warps": 8, "num_stages": 2, "maxnreg": None})
+
+
+def test_kda_tasks_per_route():
+    tasks = at.plan_tasks(list(at.ROUTES), list(at.KERNELS), "kda")
+    assert [(t.kernel, t.variant, t.route) for t in tasks] == [
+        ("l2norm", "plain", "flag"), ("kda_intra", "plain", "flag"), ("wu", "plain", "flag"),
+        ("state", "plain", "flag"), ("output", "plain", "flag"), ("output_fused", "fused_q", "fused_q"),
+        ("kda_intra", "fuse_k", "fused_qk"), ("wu", "fuse_k", "fused_qk"), ("output_fused", "fused_qk", "fused_qk")]
+    assert {t.family for t in tasks} == {"kda"}
+    # KDA's state reads kg (k's rstd already in it): one specialization on every route
+    assert tuned.variant_of("state", "fused_qk", "kda") == "plain" and tuned.variant_of("state", "fused_qk") == "fuse_k"
+    assert at.plan_tasks(["fused_qk"], ["gram"], "kda") == [] and at.plan_tasks(["flag"], ["kda_intra"]) == []
 
 
 def test_plan_tasks_dedupes_specializations():
@@ -192,8 +226,9 @@ def _entry(shape, kernel="state", variant="plain", best=None, **key):
 def test_shape_key_and_bucket():
     assert tuned.token_bucket(8192) == 8192 and tuned.token_bucket(8193) == 16384 and tuned.token_bucket(3) == 64
     k = tuned.shape_key(_shape())
-    assert k == "K128_V128_H16_HV32_bfloat16_fixed_T8192"
-    assert tuned.shape_key(_shape(lens=(1300, 547, 2048))) == "K128_V128_H16_HV32_bfloat16_varlen_T4096"
+    assert k == "gdn_K128_V128_H16_HV32_bfloat16_fixed_T8192"
+    assert tuned.shape_key(_shape(lens=(1300, 547, 2048))) == "gdn_K128_V128_H16_HV32_bfloat16_varlen_T4096"
+    assert tuned.shape_key(_kda_shape()) == "kda_K128_V128_H16_HV32_bfloat16_fixed_T8192"
     assert tuned.source_hash("state").startswith("sha256:") and tuned.source_hash("state") != tuned.source_hash("gram")
     assert tuned.variant_of("gram", "fused_qk") == "fuse_k" and tuned.variant_of("output", "flag") == "plain"
 
@@ -217,6 +252,29 @@ def test_tuned_config_uses_matching_entry(tmp_path):
     tuned.save_entry(tmp_path, _entry(shape, best={"BV": 16, "num_warps": 2, "num_stages": 2, "maxnreg": None}))
     doc = json.loads((tmp_path / "nvidia-h200" / "state.json").read_text())
     assert len(doc["entries"]) == 1 and tuned.tuned_config(shape, "flag", ENV, tmp_path)[0].state.BV == 16
+
+
+def test_tuned_config_applies_kda_entries(tmp_path):
+    from gdnbench.kernels.config import KernelConfig, default_config
+
+    kda, gdn = _kda_shape(), _shape()
+    best = {"BK": 64, "num_warps": 4, "num_stages": 2, "maxnreg": 200}
+    e = _entry(kda, kernel="kda_intra", variant="fuse_k", best=best)
+    e["default"]["config"] = {"BK": 32, "num_warps": 2, "num_stages": 1, "maxnreg": None}
+    tuned.save_entry(tmp_path, e)
+    tuned.save_entry(tmp_path, _entry(kda))  # state, plain: KDA's state runs it on fused_qk too
+    cfg, label = tuned.tuned_config(kda, "fused_qk", ENV, tmp_path)
+    assert cfg.kda_intra == KernelConfig(**best) and cfg.state.maxnreg == 128
+    assert label == "tuned: kda_intra[BK=64 w=4 s=2 r=200], state[BV=64 w=4 s=3 r=128]"
+    assert cfg.wu == default_config(128, 128, 2, "kda").wu  # untouched kernels: the KDA default
+    assert tuned.tuned_config(kda, "flag", ENV, tmp_path)[1] == "tuned: state[BV=64 w=4 s=3 r=128]"  # plain kda_intra
+    # a GDN shape of the same sizes has another key: KDA entries never reach it
+    assert tuned.tuned_config(gdn, "flag", ENV, tmp_path)[1] == "default"
+    # a KDA winner that breaks KDA's shared-memory rule is refused, with a warning
+    bad = _entry(kda, kernel="kda_intra", variant="plain", best={**best, "BK": 128, "num_stages": 4})
+    tuned.save_entry(tmp_path, bad)
+    with pytest.warns(tuned.StaleEntry, match="invalid"):
+        assert tuned.tuned_config(kda, "flag", ENV, tmp_path)[1] == "default"
 
 
 def test_stale_source_hash_is_ignored_with_a_warning(tmp_path):
@@ -289,10 +347,15 @@ def test_dry_run_cli_prints_dimensions_and_counts():
     r = CliRunner().invoke(_app(), ["autotune", "--dry-run", "--shapes", "smoke", "--kernels", "gram,state",
                                     "--routes", "flag"], env={"COLUMNS": "200"})
     assert r.exit_code == 0, r.output
-    assert "gram variant=plain route=flag K32_V32_H2_HV4_float32_fixed_T256" in r.output
+    assert "gram variant=plain route=flag gdn_K32_V32_H2_HV4_float32_fixed_T256" in r.output
     assert "maxnreg: none,64..248 step 8" in r.output and "num_warps: 1,2,4,8,16" in r.output
     assert "candidates" in r.output and "valid" in r.output
-    assert "kda shape(s) left out" in r.output
+    # the smoke set's KDA shapes run state, not gram
+    assert "state variant=plain route=flag kda_K32_V32_H2_HV2_float32_fixed_T128 (kda_fixed)" in r.output
+    assert "gram variant=plain route=flag kda_" not in r.output
+    r = CliRunner().invoke(_app(), ["autotune", "--dry-run", "--shapes", "smoke", "--kernels", "gram"],
+                           env={"COLUMNS": "200"})
+    assert r.exit_code == 0 and "2 kda shape(s) left out: --kernels gram are not run by kda" in r.output
 
 
 @pytest.mark.parametrize("args, words", [
@@ -308,9 +371,24 @@ def test_bad_input_is_one_line_exit_2(args, words):
     assert r.exit_code == 2 and words in r.output and "Traceback" not in r.output
 
 
-def test_kda_family_is_a_clear_message():
-    r = CliRunner().invoke(_app(), ["autotune", "--family", "kda"])
-    assert r.exit_code == 0 and "kda is not tuned yet" in r.output
+def test_dry_run_lists_kda_searches_for_kda_legacy6():
+    r = CliRunner().invoke(_app(), ["autotune", "--dry-run", "--shapes", "kda-legacy6", "--family", "kda"],
+                           env={"COLUMNS": "250"})
+    assert r.exit_code == 0, r.output
+    key = "kda_K128_V128_H96_HV96_bfloat16_fixed_T8192 (h96_fixed)"
+    for search in ("kda_intra variant=plain route=flag", "kda_intra variant=fuse_k route=fused_qk",
+                   "wu variant=fuse_k route=fused_qk", "state variant=plain route=flag",
+                   "output_fused variant=fused_qk route=fused_qk"):
+        assert f"{search} {key}" in r.output
+    assert "gram" not in r.output and "state variant=fuse_k" not in r.output
+    # 4 shape keys (the mixed and uniform sets of a head count share one) x 9 specializations
+    assert "36 searches, nothing run" in r.output
+    # --family selects shapes by family: no gdn shape in kda-legacy6, no kda shape with --family gdn
+    r = CliRunner().invoke(_app(), ["autotune", "--dry-run", "--shapes", "kda-legacy6", "--family", "gdn"])
+    assert r.exit_code == 2 and "no gdn shapes selected in kda-legacy6" in r.output
+    r = CliRunner().invoke(_app(), ["autotune", "--dry-run", "--shapes", "smoke", "--family", "gdn"],
+                           env={"COLUMNS": "250"})
+    assert r.exit_code == 0 and "gdn_K32" in r.output and "kda_" not in r.output
 
 
 def test_config_label_default_on_cpu():
@@ -361,3 +439,43 @@ def test_report_cli_prints_the_cache_and_charts(tmp_path):
     assert len(list(tmp_path.glob("*.png"))) >= 2
     empty = CliRunner().invoke(app, ["autotune", "--report", "--cache-dir", str(tmp_path / "none")])
     assert empty.exit_code == 2 and "no tuning cache entries" in empty.output
+
+
+# ----------------------------------------------------------------------------- real candidates on the CPU
+def _smoke_client(shape_id):
+    spec = {"shape_set": str(shp.load("smoke").path), "shape_id": shape_id, "device": "cpu", "check_tokens": 64,
+            "params": {"warmup": 0, "rounds": 1, "iters": 1}}
+    return at.WorkerClient(spec, "cpu", timeout_s=300, start_timeout_s=300)
+
+
+def test_kda_candidates_evaluate_in_a_cpu_worker():
+    """The KDA stage chain of the worker (kda_intra's Aqk into the output kernel, w/u's kg into the
+    state kernel, raw q under the fused routes): non-default points pass the gate and are timed."""
+    client = _smoke_client("kda_packed_gva2")  # varlen, GVA, initial state
+    try:
+        for kernel, route, point in (
+                ("kda_intra", "fused_qk", {"BK": 16, "num_warps": 4, "num_stages": 2, "maxnreg": None}),
+                ("state", "flag", {"BV": 16, "num_warps": 2, "num_stages": 1, "maxnreg": None}),
+                ("output_fused", "fused_q", {"BK": 16, "BV": 16, "num_warps": 4, "num_stages": 2, "maxnreg": 128})):
+            r = client.evaluate(kernel, route, point)
+            assert r["status"] == "ok", r
+            assert r["time_us"] > 0 and r["err_vs_default"] < 1e-5 and r["err_o"] <= r["budget_o"]
+    finally:
+        client.close()
+
+
+def test_autotune_cli_tunes_kda_on_the_cpu(tmp_path):
+    """`gdnbench autotune --family kda` end to end on the CPU: a worker per shape, one search per KDA
+    specialization (budget 0: the default point only), entries under KDA shape keys."""
+    args = ["autotune", "--device", "cpu", "--shapes", "smoke", "--shape-id", "kda_fixed,gdn_fixed_b2",
+            "--family", "kda", "--kernels", "kda_intra,state", "--routes", "fused_qk", "--budget", "0",
+            "--warmup", "0", "--rounds", "1", "--iters", "1", "--check-tokens", "64", "--cache-dir", str(tmp_path)]
+    r = CliRunner().invoke(_app(), args, env={"COLUMNS": "250"})
+    assert r.exit_code == 0, r.output
+    assert "2 searches written" in r.output
+    kda = shp.load("smoke").get("kda_fixed")
+    for kernel, variant in (("kda_intra", "fuse_k"), ("state", "plain")):
+        [e] = tuned.load_entries(tuned.cache_path(tmp_path, "cpu", kernel))
+        assert e["key"]["shape_key"] == tuned.shape_key(kda) and e["variant"] == variant
+        assert e["default"]["time_us"] > 0 and e["candidates"][0]["status"] == "ok"
+        assert e["gate"].startswith("whole chunk_kda forward")

@@ -150,9 +150,9 @@ def test_cache_keys_paths_and_labels(monkeypatch, tmp_path):
     ident = hb._device_identity()
     key = hb.cache_key(ident, "state", "plain", shape, "quick")
     assert {"gpu", "compute_capability", "helion", "torch", "triton", "source_hash", "shape_key", "effort"} <= set(key)
-    assert key["source_hash"].startswith("sha256:") and key["shape_key"].startswith("K128_V128_H16_HV32")
+    assert key["source_hash"].startswith("sha256:") and key["shape_key"].startswith("gdn_K128_V128_H16_HV32")
     path = hb.save_config(tmp_path, key, FakeConfig(block_sizes=[32]))
-    assert path.parent == tmp_path / "nvidia-h200" / "helion" and path.name.startswith("state-plain-K128")
+    assert path.parent == tmp_path / "nvidia-h200" / "helion" and path.name.startswith("state-plain-gdn_K128")
     assert hb.load_config(tmp_path, key) == {"block_sizes": [32]}
     other = dict(key, helion="1.5.1")  # another helion version: another entry
     assert hb.load_config(tmp_path, other) is None
