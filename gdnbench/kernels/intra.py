@@ -469,9 +469,10 @@ def kda_intra_kernel(
     the fused routes, where the output kernel scales each row once at the end) and g_cs (the
     per-channel chunk-local cumsum of g, times log2 e).
 
-    Latency-bound (H200, kda-legacy6 h96_fixed): twenty 16x16-block dots per K tile took 2218 us of
-    FLA's whole 2420 us forward; both grams as [64, 64] dots in one program 1882 us at 4 warps and
-    twice that at 8 (one CTA per SM).  Hence one gram per program and a doubling solve."""
+    H200, kda-legacy6 h96_fixed: twenty 16x16-block dots per K tile took 2218 us (FLA's whole forward:
+    2600 us with its l2norm flag); both grams as [64, 64] dots in one program 1882 us at 4 warps and
+    4322 at 8 (one CTA per SM); one gram per program with a doubling solve 1808 us at 2 warps.  Nsight
+    Compute: bound by the shared-memory staging of the fp32 dot operands, not by the dots."""
     i_c, i_bh, which = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     i_b, i_hv = i_bh // HV, i_bh % HV
     i_h = i_hv // (HV // H)
