@@ -69,9 +69,10 @@ class StaleEntry(UserWarning):
 def variant_of(kernel: str, route: str, family: str = "gdn") -> str:
     """Which compiled specialization of ``kernel`` the route runs (the constexpr flags that differ).
 
-    KDA's state kernel reads kg, which w/u wrote with k's rstd already in it: no fuse_k there."""
+    KDA's state kernel reads kg, which w/u wrote with k's rstd already in it: no fuse_k there; and
+    its output kernel reads Aqk, which kda_intra built with k's rstd: fused_qk runs fused_q's."""
     if kernel == "output_fused":
-        return route
+        return "fused_q" if family == "kda" else route
     fuse_k = ("gram", "wu", "state") if family == "gdn" else ("kda_intra", "wu")
     if kernel in fuse_k and route == "fused_qk":
         return "fuse_k"

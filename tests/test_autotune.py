@@ -81,10 +81,12 @@ def test_kda_tasks_per_route():
     assert [(t.kernel, t.variant, t.route) for t in tasks] == [
         ("l2norm", "plain", "flag"), ("kda_intra", "plain", "flag"), ("wu", "plain", "flag"),
         ("state", "plain", "flag"), ("output", "plain", "flag"), ("output_fused", "fused_q", "fused_q"),
-        ("kda_intra", "fuse_k", "fused_qk"), ("wu", "fuse_k", "fused_qk"), ("output_fused", "fused_qk", "fused_qk")]
+        ("kda_intra", "fuse_k", "fused_qk"), ("wu", "fuse_k", "fused_qk")]
     assert {t.family for t in tasks} == {"kda"}
     # KDA's state reads kg (k's rstd already in it): one specialization on every route
     assert tuned.variant_of("state", "fused_qk", "kda") == "plain" and tuned.variant_of("state", "fused_qk") == "fuse_k"
+    assert tuned.variant_of("output_fused", "fused_qk", "kda") == "fused_q"
+    assert tuned.variant_of("output_fused", "fused_qk") == "fused_qk"
     assert at.plan_tasks(["fused_qk"], ["gram"], "kda") == [] and at.plan_tasks(["flag"], ["kda_intra"]) == []
 
 
@@ -378,11 +380,11 @@ def test_dry_run_lists_kda_searches_for_kda_legacy6():
     key = "kda_K128_V128_H96_HV96_bfloat16_fixed_T8192 (h96_fixed)"
     for search in ("kda_intra variant=plain route=flag", "kda_intra variant=fuse_k route=fused_qk",
                    "wu variant=fuse_k route=fused_qk", "state variant=plain route=flag",
-                   "output_fused variant=fused_qk route=fused_qk"):
+                   "output_fused variant=fused_q route=fused_q"):
         assert f"{search} {key}" in r.output
     assert "gram" not in r.output and "state variant=fuse_k" not in r.output
     # 4 shape keys (the mixed and uniform sets of a head count share one) x 9 specializations
-    assert "36 searches, nothing run" in r.output
+    assert "32 searches, nothing run" in r.output and "output_fused variant=fused_qk" not in r.output
     # --family selects shapes by family: no gdn shape in kda-legacy6, no kda shape with --family gdn
     r = CliRunner().invoke(_app(), ["autotune", "--dry-run", "--shapes", "kda-legacy6", "--family", "gdn"])
     assert r.exit_code == 2 and "no gdn shapes selected in kda-legacy6" in r.output
