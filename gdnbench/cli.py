@@ -7,6 +7,7 @@ module load, so `gdnbench --help` is instant.
 from __future__ import annotations
 
 import sys
+import time
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Optional
@@ -205,9 +206,11 @@ def _run(shapes, backends, routes, shape_ids, mode, device, out, l2, warmup, rou
                 _print_tables(rep.report_tables(prior))
                 continue
             console.print(f"resuming {resume}: {len(wanted)} shape(s) to measure: {', '.join(wanted)}")
+        started = time.monotonic()
         rows, interrupted = _run_with_progress(ss, len(wanted) * len(backend_names) * len(routes_l), lambda on_row, on_shape: run_set(
             ss, backend_names, routes_l, mode, device, check_tokens, params, wanted, isolate, on_row, on_shape,
             worker_timeout))
+        spent, wall = rep.time_spent(rows), time.monotonic() - started
         run_info = {"argv": sys.argv[1:], "backends": backend_names, "routes": routes_l, "mode": mode,
                     "device": device, "check_tokens": check_tokens, "isolate": isolate, "interrupted": interrupted}
         if resume is not None:
@@ -219,6 +222,9 @@ def _run(shapes, backends, routes, shape_ids, mode, device, out, l2, warmup, rou
         written = results.write_atomic(doc, Path(path))
         console.print(f"[green]wrote[/green] {written}")
         _print_tables(rep.report_tables(doc))
+        console.print(f"{len(wanted)} shape(s) in {wall:.0f} s: oracles {spent['oracle']:.0f} s, checks (first calls "
+                      f"included) {spent['check']:.0f} s, timing {spent['timing']:.0f} s, the rest (worker start, "
+                      f"imports, inputs) {max(wall - sum(spent.values()), 0):.0f} s", highlight=False)
         if plot_chart and any(r["status"] == "ok" for r in doc["rows"]):
             from .plot import plot
 

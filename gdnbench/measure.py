@@ -7,6 +7,7 @@ gate's figures, no times) or `ok` (gate figures and both times).
 
 from __future__ import annotations
 
+import time
 import traceback
 from types import SimpleNamespace
 from typing import Callable
@@ -85,12 +86,18 @@ def measure_shape(shape: Shape, backends: list[Backend], routes: list[str], mode
         full = make_inputs(shape, device)
         check_shape = shape.shortened(check_tokens)
         small = full if check_shape is shape else make_inputs(check_shape, device)
+        t0 = time.perf_counter()
         oracle = ops.oracle(check_shape, small, shape)
+        oracle_s = round(time.perf_counter() - t0, 3)
 
         ready: dict[tuple[str, str], dict] = {}
         for b, r in active:
+            t0 = time.perf_counter()
+            # where a run's time goes: the shape's oracle (shared by its rows), this row's check
+            # (prepare, first call, gate) and, added by _time_all, its share of the timing loop
+            seconds = {"oracle": oracle_s}
             info = {"backend_version": b.version(), "variant": b.variant(shape, r),
-                    "config": b.config_label(shape, r, device)}
+                    "config": b.config_label(shape, r, device), "seconds": seconds}
             try:
                 fn = ops.prepare(b, shape, r, full)
                 first_ms, out = timing.first_call_ms(fn)
@@ -100,6 +107,7 @@ def measure_shape(shape: Shape, backends: list[Backend], routes: list[str], mode
                 del out
                 check_fn = fn if small is full and not ops.stateful else ops.prepare(b, check_shape, r, small)
                 verdict = ops.judge(oracle, check_fn())
+                seconds["check"] = round(time.perf_counter() - t0, 3)
                 del check_fn
                 if not verdict.passed:
                     emit(base_row(shape, b.name, r, mode, "incorrect", verdict.reason, check=verdict.to_dict(),
@@ -122,6 +130,7 @@ def _time_all(shape, ready: dict, mode: str, device: str, params: timing.TimingP
     failed: dict[tuple[str, str], str] = {}
     for key, st in ready.items():
         st["wall"], st["gpu"], st["graph"] = [], [], None
+        t0 = time.perf_counter()
         try:
             for _ in range(params.warmup):
                 st["fn"]()
@@ -132,10 +141,12 @@ def _time_all(shape, ready: dict, mode: str, device: str, params: timing.TimingP
                     st["graph_error"] = str(e)
         except Exception as e:
             failed[key] = one_line(e)
+        st["timing_s"] = time.perf_counter() - t0
     for _ in range(params.rounds):
         for key, st in ready.items():
             if key in failed:
                 continue
+            t0 = time.perf_counter()
             try:
                 if not cuda:
                     st["wall"] += timing.time_cpu(st["fn"], params.iters)
@@ -147,8 +158,10 @@ def _time_all(shape, ready: dict, mode: str, device: str, params: timing.TimingP
                     st["gpu"].append(timing.profiler_kernel_us(st["fn"], params.iters))
             except Exception as e:
                 failed[key] = one_line(e)
+            st["timing_s"] += time.perf_counter() - t0
     for key, st in ready.items():
         b, r = st["backend"], key[1]
+        st["info"]["seconds"]["timing"] = round(st["timing_s"], 3)
         common = dict(check=st["verdict"].to_dict(), first_call_ms=st["first_ms"], **st["info"])
         if key in failed:
             emit(base_row(shape, b.name, r, mode, "error", f"while timing: {failed[key]}", **common))

@@ -414,3 +414,18 @@ def to_rich(t: Table):
         rt.caption = escape("\n".join(t.notes))
         rt.caption_justify = "left"
     return rt
+
+
+def time_spent(rows: list[dict]) -> dict:
+    """Seconds a run spent on oracles (once per shape), row checks (prepare, first call, gate) and
+    timing loops, summed from the rows' ``seconds`` (rows without it count nothing)."""
+    oracle: dict[str, float] = {}
+    check = timing = 0.0
+    for r in rows:
+        sec = r.get("seconds") or {}
+        if "oracle" in sec:
+            oracle[r["shape_id"]] = sec["oracle"]
+        check += sec.get("check", 0.0)
+        timing += sec.get("timing", 0.0)
+    return {"oracle": sum(oracle.values()), "check": check, "timing": timing}
+

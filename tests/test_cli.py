@@ -63,6 +63,9 @@ def test_run_report_compare_plot_on_cpu(tmp_path):
     d = json.loads(out.read_text())
     assert d["schema_version"] == 1 and d["shape_set"]["name"] == "smoke" and d["run"]["device"] == "cpu"
     assert {r["status"] for r in d["rows"]} == {"ok"} and len(d["rows"]) == 4
+    assert all(set(x["seconds"]) == {"oracle", "check", "timing"} and min(x["seconds"].values()) >= 0
+               for x in d["rows"])
+    assert "2 shape(s) in" in r.output and "oracles" in r.output
     assert out.with_suffix(".png").exists()
     r = invoke("report", str(out), "--markdown", str(tmp_path / "r.md"))
     assert r.exit_code == 0 and "reference:flag/reference:explicit" in r.output

@@ -106,3 +106,12 @@ def test_plot_writes_png(tmp_path):
 
     out = plot(doc(ROWS), tmp_path / "c.png")
     assert out.read_bytes()[:4] == b"\x89PNG"
+
+
+def test_time_spent_counts_each_oracle_once():
+    rows = [{"shape_id": "a", "seconds": {"oracle": 2.0, "check": 1.0, "timing": 3.0}},
+            {"shape_id": "a", "seconds": {"oracle": 2.0, "check": 0.5, "timing": 3.0}},
+            {"shape_id": "b", "seconds": {"oracle": 1.0}},  # a row that failed its check
+            {"shape_id": "c", "status": "skipped"}]
+    assert rep.time_spent(rows) == {"oracle": 3.0, "check": 1.5, "timing": 6.0}
+
