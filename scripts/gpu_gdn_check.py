@@ -131,6 +131,13 @@ def check_shape(shape, fla_fn, ref32: bool, rows: list) -> None:
         return lambda: fla_fn(a, b, v, g, beta, initial_state=h0, output_final_state=True,
                               use_qk_l2norm_in_kernel=not normalized_inputs, cu_seqlens=cu, chunk_indices=fla_ci)
 
+    route_rows(shape["name"], ours, fla, ref32, rows)
+
+
+def route_rows(name: str, ours, fla, ref32: bool, rows: list) -> None:
+    """Rows of the route table for one shape: each of our routes against FLA (and, with ref32, both
+    against an fp32 run of ours), then FLA's two; ``ours(norm, dtype=None)`` and ``fla(normalized)``
+    return zero-argument calls giving (o, final_state)."""
     o_ref32 = s_ref32 = None
     if ref32:
         o_ref32, s_ref32 = ours("flag", torch.float32)()
@@ -138,7 +145,7 @@ def check_shape(shape, fla_fn, ref32: bool, rows: list) -> None:
     for norm in ROUTES:
         o, s = ours(norm)()
         fo, fs = fla_out[norm == "none"]
-        row = dict(shape=shape["name"], impl=f"ours:{norm}", o_vs_fla=rel_rms(o, fo), ht_vs_fla=rel_rms(s, fs),
+        row = dict(shape=name, impl=f"ours:{norm}", o_vs_fla=rel_rms(o, fo), ht_vs_fla=rel_rms(s, fs),
                    nan=not (torch.isfinite(o).all() and torch.isfinite(s).all()))
         if ref32:
             row.update(o_vs_32=rel_rms(o, o_ref32), ht_vs_32=rel_rms(s, s_ref32))
@@ -146,7 +153,7 @@ def check_shape(shape, fla_fn, ref32: bool, rows: list) -> None:
         rows.append(row)
     for normalized in (True, False):
         fo, fs = fla_out[normalized]
-        row = dict(shape=shape["name"], impl="fla:" + ("none" if normalized else "l2norm_in_kernel"))
+        row = dict(shape=name, impl="fla:" + ("none" if normalized else "l2norm_in_kernel"))
         if ref32:
             row.update(o_vs_32=rel_rms(fo, o_ref32), ht_vs_32=rel_rms(fs, s_ref32))
         row.update(bench=try_bench(fla(normalized)), graph=try_bench(fla(normalized), graph=True))

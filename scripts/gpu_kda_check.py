@@ -30,7 +30,7 @@ import torch  # noqa: E402
 
 from gdnbench import ops  # noqa: E402
 from gdnbench.kernels.config import GDNConfig, KernelConfig, default_config  # noqa: E402
-from gpu_gdn_check import bench, log, rel_rms, try_bench  # noqa: E402
+from gpu_gdn_check import bench, log, print_route_table, route_rows  # noqa: E402
 
 K = V = 128
 LOWER_BOUND = -5.0
@@ -41,7 +41,6 @@ SHAPES = [
     dict(name="h64_fixed", H=64, lens=[8192]),
     dict(name="h64_uniform", H=64, lens=[1024] * 8),
 ]
-ROUTES = ("none", "flag", "fused_q", "fused_qk")
 
 
 def make_inputs(shape, device="cuda", seed=0):
@@ -79,40 +78,7 @@ def check_shape(shape, fla_fn, ref32: bool, rows: list) -> None:
         a, b = (qn, kn) if normalized_inputs else (q, k)
         return lambda: fla_fn(a, b, v, g, beta, use_qk_l2norm_in_kernel=not normalized_inputs, **fla_kw)
 
-    o_ref32 = s_ref32 = None
-    if ref32:
-        o_ref32, s_ref32 = ours("flag", torch.float32)()
-    fla_out = {True: fla(True)(), False: fla(False)()}
-    for norm in ROUTES:
-        o, s = ours(norm)()
-        fo, fs = fla_out[norm == "none"]
-        row = dict(shape=shape["name"], impl=f"ours:{norm}", o_vs_fla=rel_rms(o, fo), ht_vs_fla=rel_rms(s, fs),
-                   nan=not (torch.isfinite(o).all() and torch.isfinite(s).all()))
-        if ref32:
-            row.update(o_vs_32=rel_rms(o, o_ref32), ht_vs_32=rel_rms(s, s_ref32))
-        row.update(bench=try_bench(ours(norm)), graph=try_bench(ours(norm), graph=True))
-        rows.append(row)
-    for normalized in (True, False):
-        fo, fs = fla_out[normalized]
-        row = dict(shape=shape["name"], impl="fla:" + ("none" if normalized else "l2norm_in_kernel"))
-        if ref32:
-            row.update(o_vs_32=rel_rms(fo, o_ref32), ht_vs_32=rel_rms(fs, s_ref32))
-        row.update(bench=try_bench(fla(normalized)), graph=try_bench(fla(normalized), graph=True))
-        rows.append(row)
-
-
-def print_route_table(rows) -> None:
-    cols = ("o~fla", "ht~fla", "o~ref32", "ht~ref32", "bench us", "graph us")
-    hdr = f"{'shape':14s} {'impl':24s} " + " ".join(f"{c:>9s}" for c in cols)
-    print(hdr)
-    print("-" * len(hdr))
-
-    def f(x):
-        return f"{x:9.2e}" if isinstance(x, float) else f"{'':9s}"
-    for r in rows:
-        flag = "  NaN/inf!" if r.get("nan") else ""
-        print(f"{r['shape']:14s} {r['impl']:24s} {f(r.get('o_vs_fla'))} {f(r.get('ht_vs_fla'))} "
-              f"{f(r.get('o_vs_32'))} {f(r.get('ht_vs_32'))} {r['bench']:>9s} {r['graph']:>9s}{flag}")
+    route_rows(shape["name"], ours, fla, ref32, rows)
 
 
 def stage_times(shape, config: GDNConfig, norm: str) -> dict[str, float]:
