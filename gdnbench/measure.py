@@ -128,6 +128,7 @@ def _time_all(shape, ready: dict, mode: str, device: str, params: timing.TimingP
               finish: Callable[[dict, Shape], None] = lambda row, shape: None) -> None:
     cuda = device == "cuda"
     failed: dict[tuple[str, str], str] = {}
+    pool = timing.graph_pool() if cuda else None
     for key, st in ready.items():
         st["wall"], st["gpu"], st["graph"] = [], [], None
         t0 = time.perf_counter()
@@ -136,7 +137,7 @@ def _time_all(shape, ready: dict, mode: str, device: str, params: timing.TimingP
                 st["fn"]()
             if cuda and st["backend"].graph_safe:
                 try:
-                    st["graph"] = timing.capture_graph(st["fn"])
+                    st["graph"] = timing.capture_graph(st["fn"], pool)
                 except timing.GraphUnsafe as e:
                     st["graph_error"] = str(e)
         except Exception as e:

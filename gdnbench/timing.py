@@ -50,6 +50,7 @@ class TimingParams:
             "l2": self.l2,
             "l2_flush_bytes": L2_FLUSH_BYTES if self.l2 == "cold" else 0,
             "interleave": "round-robin over routes of a shape within each round",
+            "graph_pool": "one CUDA-graph memory pool shared by a shape's routes",
             "host_bound_margin": HOST_BOUND_MARGIN,
             "statistic": "median (p20, p80, min, mean, per-round medians kept)",
         }
@@ -123,8 +124,13 @@ class GraphUnsafe(RuntimeError):
     pass
 
 
-def capture_graph(fn):
-    """A CUDA graph of one call (warm it first: autotuning must not happen under capture)."""
+def capture_graph(fn, pool=None):
+    """A CUDA graph of one call (warm it first: autotuning must not happen under capture).
+
+    ``pool``: a graph memory pool shared by the graphs of one shape's routes. Each graph otherwise
+    keeps a private pool as large as its call's peak: a 32K-token KDA fwd+bwd step holds ~25 GB, so
+    four routes' graphs ran the H200 out of memory. The graphs are only replayed one at a time on
+    one stream, for timing, so their scratch memory may overlap."""
     import torch
 
     stream = torch.cuda.Stream()
@@ -135,7 +141,7 @@ def capture_graph(fn):
     torch.cuda.synchronize()
     graph = torch.cuda.CUDAGraph()
     try:
-        with torch.cuda.graph(graph):
+        with torch.cuda.graph(graph, pool=pool):
             fn()
         graph.replay()
         torch.cuda.synchronize()
@@ -143,6 +149,12 @@ def capture_graph(fn):
         torch.cuda.synchronize()
         raise GraphUnsafe(f"{type(e).__name__}: {e}".splitlines()[0][:200]) from None
     return graph
+
+
+def graph_pool():
+    import torch
+
+    return torch.cuda.graph_pool_handle()
 
 
 def time_graph(graph, iters: int, l2: str = "warm") -> list[float]:

@@ -72,10 +72,12 @@ class GDNConfig:
     # register cap (H200: 115.7 us uncapped, 104.7 us at maxnreg 168, see kernels/output.py)
     output_fused: KernelConfig = field(default_factory=lambda: KernelConfig(BK=32, BV=128, num_warps=4,
                                                                            num_stages=3, maxnreg=168))
-    # KDA only: per-channel gate cumsum, gated K K^T and Q K^T grams, (I + A)^-1 solve, per (chunk, head).
-    # H200, kda-legacy6 h96_fixed, kda_intra alone: 1808 us at 2 warps, 2188 at 4, 4737 at 8; BK 16
-    # 2609-3305 us (logs/20261130_kda_intra_sweep.log).  Bound by shared-memory traffic (ncu: L1 72 %,
-    # 12 % occupancy from 234 registers), not by the dots
+    # KDA only: per-channel gate cumsum (g_cs, times log2 e), per (chunk, head, K block)
+    kda_cumsum: KernelConfig = field(default_factory=lambda: KernelConfig(BK=64, num_warps=4, num_stages=1))
+    # KDA only: gated K K^T and Q K^T grams from g_cs, (I + A)^-1 solve, per (chunk, head, gram).
+    # H200, kda-legacy6 h96_fixed, with bf16 dot operands: 988 us at 2 warps, 1461 at 4
+    # (logs/20261130_kda_intra_variants.log); the tf32 version was bound by shared-memory staging
+    # (ncu: L1 72 %, 12 % occupancy from 234 registers), not by the dots
     kda_intra: KernelConfig = field(default_factory=lambda: KernelConfig(BK=32, num_warps=2, num_stages=1))
 
 
@@ -99,6 +101,8 @@ def _smem_estimate(name: str, c, K: int, V: int, elt: int, family: str = "gdn") 
         return c.BR * triton.next_power_of_2(K) * 4
     if name == "gram":
         return st * 4 * BC * block(c.BK, K) * elt
+    if name == "kda_cumsum":
+        return BT * block(c.BK, K) * 4
     if name == "kda_intra":
         return st * BT * block(c.BK, K) * (2 * elt + 4)
     if name == "wu":
@@ -131,7 +135,7 @@ def validate(config: GDNConfig, K: int, V: int, dtype_bytes: int = 2, family: st
         if dim % 16 != 0 or not 16 <= dim <= MAX_HEAD_DIM:
             raise ValueError(f"{name}={dim} must be a multiple of 16 in [16, {MAX_HEAD_DIM}]")
     needs = {"l2norm": (), "gram": ("BK",), "wu": ("BK", "BV"), "state": ("BV",), "output": ("BK", "BV"),
-             "output_fused": ("BK", "BV"), "kda_intra": ("BK",)}
+             "output_fused": ("BK", "BV"), "kda_cumsum": ("BK",), "kda_intra": ("BK",)}
     for name, blocks in needs.items():
         c = getattr(config, name)
         want = L2NormConfig if name == "l2norm" else KernelConfig
@@ -165,7 +169,7 @@ def default_config(K: int, V: int, dtype_bytes: int = 2, family: str = "gdn") ->
     The defaults are tuned for K = V = 128 in 16-bit storage; there the 3-stage state kernel
     is 1.6x faster than 2 stages, but at K = 256 with fp32 storage it does not fit."""
     cfg = DEFAULT_CONFIG
-    for name in ("gram", "wu", "state", "output", "output_fused", "kda_intra"):
+    for name in ("gram", "wu", "state", "output", "output_fused", "kda_cumsum", "kda_intra"):
         c = getattr(cfg, name)
         while c.num_stages > 1 and _smem_estimate(name, c, K, V, dtype_bytes, family) > SMEM_LIMIT_BYTES:
             c = dataclasses.replace(c, num_stages=c.num_stages - 1)

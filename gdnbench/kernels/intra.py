@@ -361,12 +361,6 @@ def wu_kernel(
 
 # ----------------------------------------------------------------------------- KDA (per-channel gates)
 @triton.jit
-def _row_of(c, rows, r):
-    """Row r of c as a vector over its columns."""
-    return tl.sum(tl.where(rows[:, None] == r, c, 0.0), 0)
-
-
-@triton.jit
 def _split_rows(x):
     """[BC, BC, 2, 2] indexed (i, j, a, b) -> the four [BC, BC] blocks of row block 2a + b."""
     xb0, xb1 = tl.split(x)
@@ -390,56 +384,86 @@ def _lower_blocks(x, BC: tl.constexpr):
     return x00, x10, x11, x20, x21, x22, x30, x31, x32, x33
 
 
-@triton.jit
-def _kda_gram(xb, kb, gb, gcb, rows, valid, n, H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr,
-              BK: tl.constexpr, BT: tl.constexpr, BC: tl.constexpr, X_IS_K: tl.constexpr,
-              NORMALIZE: tl.constexpr, SSQ: tl.constexpr, STORE_C: tl.constexpr, PREC: tl.constexpr):
-    """One chunk's gated gram sum_c x_ic k_jc exp2(c_ic - c_jc) (x = k when X_IS_K, else the rows at
-    xb) as [BT, BT] dots per K tile, c the per-channel cumsum (stored to gcb when STORE_C).  Returns
-    (d, o, ss): d holds the diagonal 16-blocks, o the blocks below them (other entries are junk), ss
-    the raw k k^T (SSQ), whose diagonal is k's sums of squares.  NORMALIZE: k rows times n on load.
+@triton.jit(do_not_specialize=["T", "NT"])
+def kda_cumsum_kernel(g, g_cs, cu_seqlens, chunk_indices, T, NT, HV: tl.constexpr, K: tl.constexpr,
+                      BK: tl.constexpr, BT: tl.constexpr, IS_VARLEN: tl.constexpr):
+    """Grid (chunks, B*HV, K / BK): g_cs = per-channel chunk-local cumsum of g, times log2 e."""
+    i_c, i_bh = tl.program_id(0), tl.program_id(1)
+    i_b, i_hv = i_bh // HV, i_bh % HV
+    tok0, n_valid, i_g = chunk_coords(i_c, i_b, T, NT, cu_seqlens, chunk_indices, BT, IS_VARLEN)
+    rows = tl.arange(0, BT)
+    o_k = tl.program_id(2) * BK + tl.arange(0, BK)
+    m = (rows < n_valid)[:, None] & (o_k < K)[None, :]
+    offs = (tok0 + rows[:, None]) * (HV * K) + i_hv * K + o_k[None, :]
+    c = tl.cumsum(tl.load(g + offs, mask=m, other=0.0).to(tl.float32), 0) * LOG2E
+    tl.store(g_cs + offs, c, mask=m)
 
-    exp2(c_i - c_j) is split at a reference p, a row of c, so that neither factor leaves fp32:
-    p_b = c's first row in 16-block b.  Diagonal blocks: x_i exp2(c_i - p_b) (<= 1) against
-    k_j exp2(p_b - c_j) (at most 15 tokens of growth: e^75 when every g >= -5).  Blocks below the
-    diagonal, column block j: reference p_(j+1), which gives factors <= 1 on both sides, formed
-    from the same two exp2 tiles times per-channel block factors exp2(p_a - p_b).  A column block
-    of k is zero outside block j, so the three column blocks share one accumulator."""
+
+@triton.jit
+def _dot(a, b, acc, DOT_BF16: tl.constexpr, PREC: tl.constexpr):
+    if DOT_BF16:
+        return tl.dot(a.to(tl.bfloat16), b.to(tl.bfloat16), acc)
+    return tl.dot(a, b, acc, input_precision=PREC)
+
+
+@triton.jit
+def _c_row(gcb, r: tl.constexpr, o_k, n_valid, K: tl.constexpr, stride: tl.constexpr):
+    """Row r of the chunk's cumsum over the channels o_k (zero where the chunk has no row r)."""
+    exists = (tl.zeros_like(o_k) + r) < n_valid
+    return tl.load(gcb + r * stride + o_k, mask=(o_k < K) & exists, other=0.0)
+
+
+@triton.jit
+def _kda_grams(qb, kb, gcb, rows, valid, n_valid, n, H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr,
+               BK: tl.constexpr, BT: tl.constexpr, BC: tl.constexpr, WANT_K: tl.constexpr, WANT_Q: tl.constexpr,
+               NORMALIZE: tl.constexpr, SSQ: tl.constexpr, DOT_BF16: tl.constexpr, PREC: tl.constexpr):
+    """One chunk's gated grams sum_c x_ic k_jc exp2(c_ic - c_jc) for x = k (WANT_K) or x = q (WANT_Q)
+    as [BT, BT] dots per K tile, c the per-channel cumsum (g_cs, written by kda_cumsum_kernel).
+    Returns (d, o, ss): d holds the diagonal 16-blocks, o the blocks below them (other entries are
+    junk), ss the raw k k^T (SSQ), whose diagonal is k's sums of squares.  NORMALIZE: k rows times n
+    on load.  DOT_BF16 (bf16 storage): the gated operands are rounded to bf16, so the dot operands
+    are 16-bit (half the shared-memory staging of tf32 ones).
+
+    exp2(c_i - c_j) is split at a reference p, a row of c, so that neither factor leaves fp32 (nor
+    bf16, whose exponent range is fp32's): p_b = c's first row in 16-block b.  Diagonal blocks:
+    x_i exp2(c_i - p_b) (<= 1) against k_j exp2(p_b - c_j) (at most 15 tokens of growth: e^75 when
+    every g >= -5).  Blocks below the diagonal, column block j: reference p_(j+1), which gives
+    factors <= 1 on both sides, formed from the same two exp2 tiles times per-channel block factors
+    exp2(p_a - p_b).  A column block of k is zero outside block j, so the three column blocks share
+    one accumulator."""
     blk = (rows // BC)[:, None]
-    zero = tl.zeros([BT, BT], dtype=tl.float32)
-    d, od, ss = zero, zero, zero
+    d = tl.zeros([BT, BT], dtype=tl.float32)
+    od, ss = d, d
     for i_k in range(tl.cdiv(K, BK)):
         o_k = i_k * BK + tl.arange(0, BK)
         m = valid[:, None] & (o_k < K)[None, :]
-        c = tl.cumsum(tl.load(gb + rows[:, None] * (HV * K) + o_k[None, :], mask=m, other=0.0).to(tl.float32),
-                      0) * LOG2E
-        if STORE_C:
-            tl.store(gcb + rows[:, None] * (HV * K) + o_k[None, :], c, mask=m)
-        p0, p1, p2, p3 = _row_of(c, rows, 0), _row_of(c, rows, BC), _row_of(c, rows, 2 * BC), _row_of(c, rows, 3 * BC)
+        c = tl.load(gcb + rows[:, None] * (HV * K) + o_k[None, :], mask=m, other=0.0)
+        p0, p1 = _c_row(gcb, 0, o_k, n_valid, K, HV * K), _c_row(gcb, BC, o_k, n_valid, K, HV * K)
+        p2, p3 = _c_row(gcb, 2 * BC, o_k, n_valid, K, HV * K), _c_row(gcb, 3 * BC, o_k, n_valid, K, HV * K)
         pd = tl.where(blk == 0, p0[None, :], tl.where(blk == 1, p1[None, :], tl.where(blk == 2, p2[None, :],
                                                                                          p3[None, :])))
-        e = tl.math.exp2(c - pd)
+        # rows past the chunk's end: c = 0 when loaded, so exp2(c - pd) could overflow; they are zero
+        e = tl.where(valid[:, None], tl.math.exp2(c - pd), 0.0)
         kx = _normalized(tl.load(kb + rows[:, None] * (H * K) + o_k[None, :], mask=m, other=0.0), n, NORMALIZE)
         if SSQ:
             ss = tl.dot(kx, tl.trans(kx), ss, input_precision=PREC)
         kf = kx.to(tl.float32)
-        if X_IS_K:
-            xl = kf * e
-        else:
-            xl = tl.load(xb + rows[:, None] * (H * K) + o_k[None, :], mask=m, other=0.0).to(tl.float32) * e
         kr = kf * tl.math.exp2(pd - c)
-        d = tl.dot(xl, tl.trans(kr), d, input_precision=PREC)
         f10 = tl.math.exp2(p1 - p0)[None, :]
         f21 = tl.math.exp2(p2 - p1)[None, :]
         f31 = tl.math.exp2(p3 - p1)[None, :]
         f32 = tl.math.exp2(p3 - p2)[None, :]
+        if WANT_K:
+            xl = kf * e
+        else:
+            xl = tl.load(qb + rows[:, None] * (H * K) + o_k[None, :], mask=m, other=0.0).to(tl.float32) * e
+        d = _dot(xl, tl.trans(kr), d, DOT_BF16, PREC)
         # column block j: k_j exp2(p_(j+1) - c_j); rows below block j: x exp2(c - p_(j+1))
-        od = tl.dot(xl * tl.where(blk == 0, 0.0, tl.where(blk == 1, 1.0, tl.where(blk == 2, f21, f31))),
-                    tl.trans(tl.where(blk == 0, kr * f10, 0.0)), od, input_precision=PREC)
-        od = tl.dot(xl * tl.where(blk <= 1, 0.0, tl.where(blk == 2, 1.0, f32)),
-                    tl.trans(tl.where(blk == 1, kr * f21, 0.0)), od, input_precision=PREC)
-        od = tl.dot(tl.where(blk == 3, xl, 0.0), tl.trans(tl.where(blk == 2, kr * f32, 0.0)), od,
-                    input_precision=PREC)
+        od = _dot(xl * tl.where(blk == 0, 0.0, tl.where(blk == 1, 1.0, tl.where(blk == 2, f21, f31))),
+                  tl.trans(tl.where(blk == 0, kr * f10, 0.0)), od, DOT_BF16, PREC)
+        od = _dot(xl * tl.where(blk <= 1, 0.0, tl.where(blk == 2, 1.0, f32)),
+                  tl.trans(tl.where(blk == 1, kr * f21, 0.0)), od, DOT_BF16, PREC)
+        od = _dot(tl.where(blk == 3, xl, 0.0), tl.trans(tl.where(blk == 2, kr * f32, 0.0)), od, DOT_BF16, PREC)
     return d, od, ss
 
 
@@ -456,23 +480,49 @@ def _k_rstd_full(kb, rstd_k, tok0, i_h, i_hv, rows, valid, ss, H: tl.constexpr, 
     return n, tl.max(ssq, 0) >= RAW_K_SSQ_MAX
 
 
+@triton.jit
+def _kda_gram_normed(qb, kb, gcb, rstd_k, tok0, i_h, i_hv, rows, valid, n_valid, H: tl.constexpr,
+                     HV: tl.constexpr, K: tl.constexpr, BK: tl.constexpr, BT: tl.constexpr, BC: tl.constexpr,
+                     X_IS_K: tl.constexpr, FUSE_K: tl.constexpr, DOT_BF16: tl.constexpr, PREC: tl.constexpr):
+    """_kda_grams' (d, o) for x = k (X_IS_K) or q; FUSE_K: in k's normalized basis (rows too when
+    x = k), k's rstd from the raw gram's diagonal, stored by the x = k program."""
+    one = tl.full([BT], 1.0, dtype=tl.float32)
+    d, od, ss = _kda_grams(qb, kb, gcb, rows, valid, n_valid, one, H, HV, K, BK, BT, BC, X_IS_K, not X_IS_K,
+                           False, FUSE_K, DOT_BF16, PREC)
+    if FUSE_K:
+        n, huge = _k_rstd_full(kb, rstd_k, tok0, i_h, i_hv, rows, valid, ss, H, HV, K, BK, X_IS_K)
+        if huge:
+            # rare: a k row of norm >= 2^19 may have overflowed its e^75 factor; redo the gram on
+            # rows normalized on load
+            d, od, ss = _kda_grams(qb, kb, gcb, rows, valid, n_valid, n, H, HV, K, BK, BT, BC, X_IS_K, not X_IS_K,
+                                   True, False, DOT_BF16, PREC)
+        else:
+            d = d * n[None, :]
+            od = od * n[None, :]
+            if X_IS_K:
+                d = d * n[:, None]
+                od = od * n[:, None]
+    return d, od
+
+
 @triton.jit(do_not_specialize=["T", "NT"])
 def kda_intra_kernel(
-    q, k, g, beta, g_cs, A, Aqk, rstd_k, cu_seqlens, chunk_indices, T, NT,
+    q, k, beta, g_cs, A, Aqk, rstd_k, cu_seqlens, chunk_indices, T, NT,
     H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, BK: tl.constexpr,
     BT: tl.constexpr, BC: tl.constexpr,
-    IS_VARLEN: tl.constexpr, FUSE_K: tl.constexpr, PREC: tl.constexpr,
+    IS_VARLEN: tl.constexpr, FUSE_K: tl.constexpr, DOT_BF16: tl.constexpr, PREC: tl.constexpr,
 ):
-    """Grid (chunks, B*HV, 2).  KDA's intra-chunk step; program 0 of the last axis: A = (I + L)^-1
-    with L = strict-lower(beta * gated K K^T) and, with FUSE_K, rstd_k (k's norm is folded into the
-    grams here, where k is first read); program 1: Aqk = lower(gated Q K^T) on q as given (raw under
-    the fused routes, where the output kernel scales each row once at the end) and g_cs (the
-    per-channel chunk-local cumsum of g, times log2 e).
+    """Grid (chunks, B*HV, 2), after kda_cumsum_kernel.  KDA's intra-chunk step; program 0 of the last
+    axis: A = (I + L)^-1 with L = strict-lower(beta * gated K K^T) and, with FUSE_K, rstd_k (k's norm
+    is folded into the grams here, where k is first read); program 1: Aqk = lower(gated Q K^T) on q
+    as given (raw under the fused routes, where the output kernel scales each row once at the end).
 
-    H200, kda-legacy6 h96_fixed: twenty 16x16-block dots per K tile took 2218 us (FLA's whole forward:
-    2600 us with its l2norm flag); both grams as [64, 64] dots in one program 1882 us at 4 warps and
-    4322 at 8 (one CTA per SM); one gram per program with a doubling solve 1808 us at 2 warps.  Nsight
-    Compute: bound by the shared-memory staging of the fp32 dot operands, not by the dots."""
+    H200, kda-legacy6 h96_fixed, this stage alone (logs/20261130_kda_intra_variants.log): twenty
+    16x16-block dots per K tile 2218 us; [64, 64] dots, both grams in one program 1882 us (4 warps);
+    one gram per program 1795 us (2 warps); + c from a separate cumsum kernel instead of a scan and
+    row reductions here 1480 us; + bf16 dot operands 988 us (FLA's whole forward: 2597 us with its
+    l2norm flag).  Nsight Compute on the tf32 version: bound by the shared-memory staging of the
+    fp32 dot operands, not by the dots."""
     i_c, i_bh, which = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     i_b, i_hv = i_bh // HV, i_bh % HV
     i_h = i_hv // (HV // H)
@@ -482,24 +532,12 @@ def kda_intra_kernel(
     valid = rows < n_valid
     qb = q + tok0 * (H * K) + i_h * K
     kb = k + tok0 * (H * K) + i_h * K
-    gb = g + tok0 * (HV * K) + i_hv * K
     gcb = g_cs + tok0 * (HV * K) + i_hv * K
-    one = tl.full([BT], 1.0, dtype=tl.float32)
     causal = rows[:, None] >= rows[None, :]
     same = (rows // BC)[:, None] == (rows // BC)[None, :]
     if which == 0:
-        d, od, ss = _kda_gram(kb, kb, gb, gcb, rows, valid, one, H, HV, K, BK, BT, BC, True, False, FUSE_K,
-                              False, PREC)
-        if FUSE_K:
-            n, huge = _k_rstd_full(kb, rstd_k, tok0, i_h, i_hv, rows, valid, ss, H, HV, K, BK, True)
-            if huge:
-                # rare: a k row of norm >= 2^19 may have overflowed its e^75 factor; redo the gram on
-                # rows normalized on load
-                d, od, ss = _kda_gram(kb, kb, gb, gcb, rows, valid, n, H, HV, K, BK, BT, BC, True, True, False,
-                                      False, PREC)
-            else:
-                d = d * n[:, None] * n[None, :]
-                od = od * n[:, None] * n[None, :]
+        d, od = _kda_gram_normed(qb, kb, gcb, rstd_k, tok0, i_h, i_hv, rows, valid, n_valid, H, HV, K, BK, BT, BC,
+                                 True, FUSE_K, DOT_BF16, PREC)
         b = tl.load(beta + (tok0 + rows) * HV + i_hv, mask=valid, other=0.0).to(tl.float32)
         # where() after the product: entries outside the causal part may be inf or NaN, never selected
         L = tl.where(causal & ~(rows[:, None] == rows[None, :]) & valid[:, None],
@@ -512,16 +550,8 @@ def kda_intra_kernel(
                      o < n_valid, o + BC < n_valid, o + 2 * BC < n_valid, o + 3 * BC < n_valid,
                      x00, x10, x11, x20, x21, x22, x30, x31, x32, x33, HV * BT, o, BC)
     else:
-        d, od, ss = _kda_gram(qb, kb, gb, gcb, rows, valid, one, H, HV, K, BK, BT, BC, False, False, FUSE_K,
-                              True, PREC)
-        if FUSE_K:
-            n, huge = _k_rstd_full(kb, rstd_k, tok0, i_h, i_hv, rows, valid, ss, H, HV, K, BK, False)
-            if huge:
-                d, od, ss = _kda_gram(qb, kb, gb, gcb, rows, valid, n, H, HV, K, BK, BT, BC, False, True, False,
-                                      False, PREC)
-            else:
-                d = d * n[None, :]
-                od = od * n[None, :]
+        d, od = _kda_gram_normed(qb, kb, gcb, rstd_k, tok0, i_h, i_hv, rows, valid, n_valid, H, HV, K, BK, BT, BC,
+                                 False, FUSE_K, DOT_BF16, PREC)
         # the causal part (diagonal included), zeros above
         aqk = tl.where(causal, tl.where(same, d, od), 0.0)
         tl.store(Aqk + (tok0 + rows[:, None]) * (HV * BT) + i_hv * BT + rows[None, :],
