@@ -192,9 +192,9 @@ def _run(shapes, backends, routes, shape_ids, mode, device, out, l2, warmup, rou
         if ids and len(bad) == len(ids):
             continue
         stamp = results.utc_stamp()
+        named = results.default_path(env, ss.name, stamp, mode)
         path = out if (out is not None and out.suffix == ".json") else (
-            (out / results.default_path(env, ss.name, stamp).name) if out is not None
-            else results.default_path(env, ss.name, stamp))
+            results.claim_path(out / named.name if out is not None else named) if resume is None else None)
         wanted = [i for i in ids if i not in bad] or [s.id for s in ss.shapes]
         if resume is not None:
             prior = results.load(resume)
@@ -359,7 +359,7 @@ def plot(
         if calib is not None:
             from .roofline import roofline_chart
 
-            path = roofline_chart(doc, calib, out, kind)
+            path = roofline_chart(doc, calib, out, kind, mode=rep.run_mode(doc))
         else:
             path = draw(doc, out, kind, baseline, mode=rep.run_mode(doc))
     except ValueError as e:  # nothing to plot

@@ -7,6 +7,7 @@ timing, run, rows. No torch import at module load; `capture_env` imports it lazi
 from __future__ import annotations
 
 import datetime as _dt
+import itertools
 import json
 import os
 import platform
@@ -124,10 +125,27 @@ def utc_stamp() -> str:
     return _dt.datetime.now(_dt.timezone.utc).strftime("%Y%m%dT%H%M%SZ")
 
 
-def default_path(env: dict, shape_set_name: str, stamp: str) -> Path:
+def default_path(env: dict, shape_set_name: str, stamp: str, mode: str = "fwd") -> Path:
     sha = env["git"]["sha"]
     tag = (sha[:8] if sha else "nogit") + ("-dirty" if env["git"]["dirty"] else "")
-    return RESULTS_DIR / gpu_slug(env) / f"{stamp}_{tag}_{shape_set_name}.json"
+    suffix = "" if mode == "fwd" else f"-{mode}"
+    return RESULTS_DIR / gpu_slug(env) / f"{stamp}_{tag}_{shape_set_name}{suffix}.json"
+
+
+def claim_path(path: Path) -> Path:
+    """Reserve a fresh results file: `path`, or `path` with -2, -3, ... before `.json` when it exists.
+
+    Two runs of one set started in the same second (one per GPU) got the same default name, and the
+    second to finish overwrote the first's results; the empty file created here holds the name."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    for i in itertools.count(1):
+        candidate = path if i == 1 else path.with_name(f"{path.stem}-{i}{path.suffix}")
+        try:
+            os.close(os.open(candidate, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644))
+            return candidate
+        except FileExistsError:
+            continue
 
 
 def make_document(env: dict, shape_set, timing: dict, run: dict, rows: list[dict], stamp: str) -> dict:

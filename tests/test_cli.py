@@ -76,6 +76,18 @@ def test_run_report_compare_plot_on_cpu(tmp_path):
     assert r.exit_code == 0 and (tmp_path / "p.png").exists()
 
 
+def test_two_runs_into_one_folder_in_the_same_second_keep_both_files(tmp_path, monkeypatch):
+    from gdnbench import results
+
+    monkeypatch.setattr(results, "utc_stamp", lambda: "20261130T000000Z")
+    args = ("run", "--device", "cpu", "--shapes", "smoke", "--backends", "reference", "--routes", "explicit",
+            "--shape-id", "kda_fixed", "--no-plot", "--out", str(tmp_path))
+    assert invoke(*args).exit_code == 0 and invoke(*args).exit_code == 0
+    files = sorted(p.name for p in tmp_path.glob("*.json"))
+    assert len(files) == 2 and sum(f.endswith("_smoke-2.json") for f in files) == 1, files
+    assert all(json.loads((tmp_path / f).read_text())["rows"] for f in files)
+
+
 def test_report_errors_are_one_line(tmp_path):
     r = invoke("report", str(tmp_path / "missing.json"))
     assert r.exit_code == EXIT_BAD_INPUT and "no such results file" in r.output

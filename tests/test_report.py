@@ -99,6 +99,15 @@ def test_default_path_names_gpu_sha_and_set():
     env = {"device": "cuda", "gpu": {"name": "NVIDIA H200"}, "git": {"sha": "0123456789abcdef", "dirty": True}}
     p = results.default_path(env, "gdn-qwen6", "20261130T000000Z")
     assert p.parts[-2] == "nvidia-h200" and p.name == "20261130T000000Z_01234567-dirty_gdn-qwen6.json"
+    assert results.default_path(env, "kda-legacy6", "20261130T000000Z", "fwd_bwd").name == (
+        "20261130T000000Z_01234567-dirty_kda-legacy6-fwd_bwd.json")
+
+
+def test_claim_path_gives_runs_started_in_the_same_second_their_own_files(tmp_path):
+    named = tmp_path / "gpu" / "20261130T000000Z_01234567_kda-legacy6.json"
+    first, second, third = (results.claim_path(named) for _ in range(3))
+    assert first == named and second.name == "20261130T000000Z_01234567_kda-legacy6-2.json"
+    assert third.name.endswith("-3.json") and all(p.exists() for p in (first, second, third))
 
 
 def test_plot_writes_png(tmp_path):
