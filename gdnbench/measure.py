@@ -37,29 +37,36 @@ def _finite(out) -> bool:
     return all(t is None or bool(torch.isfinite(t).all()) for t in out[:2])
 
 
+def _no_layer(verdict, oracle, backend, shape, route, inputs):
+    return verdict
+
+
 def _mode_ops(mode: str) -> SimpleNamespace:
     """What differs between modes: the timed closure, the oracle, the gate, the finiteness check
     and the fields a passing row adds (`extras` before timing, `finish` after). `stateful`: each
     call changes the closure's own state (decode steps its pool), so the gate gets a fresh closure.
+    `judge_layer` adds a layer's gradients around the route to the verdict (fwd_bwd only).
     The rest of a row's life is the same for every mode."""
     same = dict(finish=lambda row, shape: None, stateful=False)
     if mode == "fwd_bwd":
-        from . import train
+        from . import layer, train
 
         return SimpleNamespace(prepare=train.prepare_step, oracle=train.build_grad_oracle, judge=train.judge_step,
-                               finite=train.finite, extras=train.row_extras,
+                               judge_layer=layer.judge_route, finite=train.finite, extras=train.row_extras,
                                nan_reason="NaN/Inf in the output or gradients on the full input", **same)
     if mode == "decode":
         from . import decode
 
         return SimpleNamespace(prepare=decode.prepare_step, oracle=decode.build_oracle, judge=decode.judge_step,
-                               finite=decode.finite, extras=lambda fn, device: {}, finish=decode.finish,
-                               stateful=True, nan_reason="NaN/Inf in the output or the state pool on the full input")
+                               judge_layer=_no_layer, finite=decode.finite, extras=lambda fn, device: {},
+                               finish=decode.finish, stateful=True,
+                               nan_reason="NaN/Inf in the output or the state pool on the full input")
     from .check import build_oracle, judge
 
     return SimpleNamespace(prepare=lambda b, shape, r, inputs: b.prepare(shape, r, inputs), oracle=build_oracle,
-                           judge=lambda oracle, out: judge(oracle, out[0], out[1]), finite=_finite,
-                           extras=lambda fn, device: {}, nan_reason="NaN/Inf in the output on the full input", **same)
+                           judge=lambda oracle, out: judge(oracle, out[0], out[1]), judge_layer=_no_layer,
+                           finite=_finite, extras=lambda fn, device: {},
+                           nan_reason="NaN/Inf in the output on the full input", **same)
 
 
 def measure_shape(shape: Shape, backends: list[Backend], routes: list[str], mode: str, device: str,
@@ -107,6 +114,7 @@ def measure_shape(shape: Shape, backends: list[Backend], routes: list[str], mode
                 del out
                 check_fn = fn if small is full and not ops.stateful else ops.prepare(b, check_shape, r, small)
                 verdict = ops.judge(oracle, check_fn())
+                verdict = ops.judge_layer(verdict, oracle, b, check_shape, r, small)
                 seconds["check"] = round(time.perf_counter() - t0, 3)
                 del check_fn
                 if not verdict.passed:

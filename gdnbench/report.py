@@ -272,6 +272,27 @@ def grad_table(doc: dict) -> Table:
                  ["shape", "backend:route", "status"] + list(names), rows)
 
 
+def layer_table(doc: dict) -> Table:
+    """fwd_bwd: the small layer's weight (and x) gradients through each route, rel-RMS error vs the
+    fp64 layer / budget. Parity between routes is read from these: two routes' gradients differ by
+    at most the sum of their errors (relative to the fp64 gradient's norm)."""
+    rows_with = [r for r in doc["rows"] if (r.get("check") or {}).get("layer")]
+    names = list(dict.fromkeys(n for r in rows_with for n in r["check"]["layer"]))
+    rows = []
+    for r in rows_with:
+        layer = r["check"]["layer"]
+        rows.append([r["shape_id"], f"{r['backend']}:{r['route']}", r["status"]]
+                    + [f"{layer[n]['err']:.1e} / {layer[n]['budget']:.1e}" if n in layer else "-" for n in names])
+    widths = sorted({r["check"].get("layer_width") for r in rows_with} - {None})
+    notes = [f"layer (gdnbench/layer.py): hidden size D = {', '.join(map(str, widths)) or '?'}; y = attention(q|k = "
+             "x W_qk, v = x W_v, g = gate(x W_a), beta = sigmoid(x W_b)) W_o; columns: d(loss)/d(weight), d(loss)/dx",
+             "two routes' gradients differ by at most the sum of their errors (relative to the fp64 gradient)"]
+    if not rows_with:
+        notes = ["no row has layer gradients (none reached the gate, or a file from before gdnbench/layer.py)"]
+    return Table("layer gradient gate (rel-RMS error / budget vs the fp64 layer; budget = 2 x error of the layer "
+                 "at storage precision)", ["shape", "backend:route", "status"] + [f"d{n}" for n in names], rows, notes)
+
+
 def _mb(x) -> str:
     return "-" if x is None else f"{x / MB:.2f}"
 
@@ -340,7 +361,7 @@ def report_tables(doc: dict, baseline: str | None = None, pairs: list[str] | Non
         tables.append(ratio_table(doc, base, kinds_present(doc)[-1], mode))
     tables += [geomean_table(doc, pairs, mode), check_table(doc, mode), spread_table(doc, mode)]
     if mode == "fwd_bwd":
-        tables += [grad_table(doc), memory_table(doc)]
+        tables += [grad_table(doc), layer_table(doc), memory_table(doc)]
     if mode == "decode":
         tables.append(decode_table(doc))
     return tables

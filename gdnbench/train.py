@@ -16,12 +16,14 @@ repeat_interleave, then the kernel with H = HV.
 The gate compares the output, the final state and dq, dk, dv, dg, dbeta with the fp64
 recurrence's autograd gradients; each budget is built as check.py builds the forward
 ones: 2 x the error of the same computation (forward and backward) at storage precision.
+It then adds the weight gradients of a small layer around the route (gdnbench/layer.py),
+budgeted the same way.
 """
 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Callable
 
 from .check import Oracle, Verdict, budget, judge, make_oracle, rel_rms, storage_precision
@@ -29,6 +31,8 @@ from .shapes import Shape
 
 if TYPE_CHECKING:
     import torch
+
+    from .layer import LayerOracle
 
 GRADS = ("q", "k", "v", "g", "beta")
 MEGATRON_ROUTES = ("megatron", "megatron_flag")
@@ -119,6 +123,7 @@ class GradOracle:
     fwd: Oracle
     grads: dict  # name -> fp64 gradient
     lowp_err: dict  # name -> rel-RMS error of the storage-precision gradient
+    layer: "LayerOracle | None" = None  # the small layer's fp64 gradients and their budgets
 
     def budget(self, name: str) -> float:
         return budget(self.lowp_err[name])
@@ -130,9 +135,14 @@ class TrainVerdict:
     grads: dict  # 'dq' -> {err, budget, lowp_err}
     passed: bool
     reason: str
+    layer: dict = field(default_factory=dict)  # 'W_qk' -> {err, budget, lowp_err}, added by layer.judge_route
+    layer_width: int | None = None
 
     def to_dict(self) -> dict:
-        return {**self.fwd.to_dict(), "passed": self.passed, "reason": self.reason, "grads": self.grads}
+        d = {**self.fwd.to_dict(), "passed": self.passed, "reason": self.reason, "grads": self.grads}
+        if self.layer:
+            d.update(layer=self.layer, layer_width=self.layer_width)
+        return d
 
 
 def reference_step(inputs, do, dstate, dtype, tf32: bool = False):
@@ -155,15 +165,18 @@ def reference_step(inputs, do, dstate, dtype, tf32: bool = False):
 
 
 def build_grad_oracle(check_shape: Shape, inputs, full_shape: Shape) -> GradOracle:
-    """fp64 output, state and gradients on the check inputs, and the error storage precision costs each."""
+    """fp64 output, state and gradients on the check inputs, and the error storage precision costs each;
+    the same for the small layer's gradients."""
     import torch
+
+    from . import layer  # here, not at the top: layer imports this module
 
     do, dstate = cotangents(check_shape, inputs)
     o64, s64, g64 = reference_step(inputs, do, dstate, torch.float64)
     lp, tf32 = storage_precision(check_shape.dtype)
     o_lp, s_lp, g_lp = reference_step(inputs, do, dstate, lp, tf32=tf32)
     fwd = make_oracle(check_shape, full_shape, o64, s64, o_lp, s_lp)
-    return GradOracle(fwd, g64, {n: rel_rms(g_lp[n], g64[n]) for n in GRADS})
+    return GradOracle(fwd, g64, {n: rel_rms(g_lp[n], g64[n]) for n in GRADS}, layer.build_oracle(check_shape, inputs))
 
 
 def judge_step(oracle: GradOracle, out) -> TrainVerdict:

@@ -105,3 +105,20 @@ class WrongGradFake(ReferenceBackend):
                 return grad * 1.1
 
         return super().caller_l2norm(ScaleGrad.apply(x))
+
+
+class ScaledOutputFake(ReferenceBackend):
+    """Every route's kernel output 1 % too large: the layer gate must name the weights whose gradients move."""
+
+    name = "fake_scaled_output"
+    routes = ("explicit",)
+    train_routes = ("explicit", "megatron")
+
+    def kernel(self, shape, inputs, flag):
+        inner = super().kernel(shape, inputs, flag)
+
+        def call(q, k):
+            o, s = inner(q, k)
+            return o * 1.01, s
+
+        return call

@@ -137,6 +137,7 @@ def test_cli_run_fwd_bwd_writes_saved_bytes(tmp_path):
     r = invoke("report", str(out))
     assert r.exit_code == 0 and "reference:megatron_flag/reference:megatron" in r.output
     assert "memory per fwd+bwd step" in r.output and "than reference:megatron for backward" in r.output
+    assert "layer gradient gate" in r.output and all(set(x["check"]["layer"]) >= {"W_qk", "x"} for x in d["rows"])
     r = invoke("report", str(out), "--mode", "fwd")
     assert r.exit_code == 0 and "memory per fwd+bwd" not in r.output
     assert invoke("report", str(out), "--mode", "sideways").exit_code == 2
