@@ -31,6 +31,11 @@ default config and validity rules, and its cache key; so each task is planned fo
 Scale-out. Under torchrun every rank runs the same search in lockstep; each batch of points is
 split round-robin by index (:func:`shard`), each rank evaluates its share on its own GPU, and
 the results are all-gathered, so every rank takes the same next step; rank 0 writes the cache.
+
+Resume. Each search's entry is saved as soon as the search ends, so an interrupted sweep keeps
+every finished one; a later run skips a search whose current entry (same GPU, compute capability,
+Triton, kernel source, variant and shape key) found a working config (:func:`cached_entry`),
+unless ``retune``.
 """
 
 from __future__ import annotations
@@ -48,6 +53,7 @@ import sys
 import tempfile
 import time
 import traceback
+import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
@@ -395,20 +401,23 @@ def fmt_values(values) -> str:
     return ",".join(vals)
 
 
-def dry_run_rows(shapes: list, tasks: list[Task], exhaustive_max: int = EXHAUSTIVE_MAX) -> list[dict]:
-    """Per shape key and task of its family: the dimensions, their values, the candidate counts and
-    the strategy."""
+def dry_run_rows(shapes: list, tasks: list[Task], exhaustive_max: int = EXHAUSTIVE_MAX,
+                 cache_dir: Path | None = None) -> list[dict]:
+    """Per shape key and task of its family: the dimensions, their values, the candidate counts, the
+    strategy, and (with ``cache_dir``) the GPU folders whose cache holds it (:func:`cached_on`)."""
     rows = []
     for s in unique_shapes(shapes):
         for t in (t for t in tasks if t.family == s.family):
             space = build_space(t.kernel, s.K, s.V, s.dtype, s.family)
             n_valid = count_valid(t.kernel, s.K, s.V, s.dtype, s.family)
+            cached = cached_on(cache_dir, t, s) if cache_dir is not None else {}
             rows.append({
                 "kernel": t.kernel, "variant": t.variant, "route": t.route, "shape_id": s.id,
                 "shape_key": tuned.shape_key(s), "dims": {d: list(v) for d, v in space.dims},
                 "start": space.start, "total": space.total, "valid": n_valid,
                 "strategy": "exhaustive" if n_valid <= exhaustive_max else "coordinate_descent",
                 "per_pass": space.pass_size(),
+                "cached": {gpu: entry_summary(e) for gpu, e in cached.items()},
             })
     return rows
 
@@ -776,6 +785,7 @@ class TuneOptions:
     iters: int = 20
     timeout_s: float = 600.0
     cache_dir: Path = tuned.TUNED_DIR
+    retune: bool = False  # search again where a current cache entry exists
 
 
 def make_entry(env: dict, task: Task, shape, set_name: str, space: Space, res: SearchResult, opts: TuneOptions) -> dict:
@@ -808,18 +818,30 @@ def make_entry(env: dict, task: Task, shape, set_name: str, space: Space, res: S
 
 
 def tune(shapes: list[tuple[str, object]], tasks: list[Task], opts: TuneOptions, dist: Dist = Dist(),
-         on_event: Callable[[str, dict], None] = lambda kind, info: None, client_factory=None) -> list[dict]:
+         on_event: Callable[[str, dict], None] = lambda kind, info: None, client_factory=None,
+         env: dict | None = None) -> list[dict]:
     """Run every task of a shape's family on every (shape-set path, shape); rank 0 writes each entry
-    as it finishes.
+    as it finishes. A task whose current cache entry exists is skipped unless ``opts.retune``; rank 0
+    decides for all ranks, from ``env`` (this machine's tuning identity, default
+    :func:`device_identity`). A shape whose tasks are all cached starts no worker.
 
-    ``on_event(kind, info)`` reports progress: 'search' (a search starts, with an estimate of its
-    candidates), 'result' (one candidate), 'entry' (a search ended), 'skip' (with the reason)."""
+    ``on_event(kind, info)`` reports progress: 'cached' (a search skipped, with the reason), 'search'
+    (a search starts, with an estimate of its candidates), 'result' (one candidate), 'entry' (a search
+    ended and was saved, with its seconds), 'skip' (a shape's tasks not run: its worker did not start)."""
     factory = client_factory or (lambda spec: WorkerClient(
         spec, opts.device, rank_gpu(dist.local_rank) if opts.device == "cuda" else None, opts.timeout_s))
+    if env is None and dist.rank == 0 and not opts.retune:
+        env = device_identity(opts.device)
     entries = []
     for set_path, shape in shapes:
         mine = [t for t in tasks if t.family == shape.family]
         if not mine:
+            continue
+        cached = dist.all_gather(cached_tasks(mine, shape, env, opts) if dist.rank == 0 else None)[0]
+        for i, reason in cached.items():
+            on_event("cached", {"task": mine[i], "shape": shape, "reason": reason})
+        todo = [t for i, t in enumerate(mine) if i not in cached]
+        if not todo:
             continue
         spec = {"shape_set": set_path, "shape_id": shape.id, "device": opts.device, "check_tokens": opts.check_tokens,
                 "params": {"warmup": opts.warmup, "rounds": opts.rounds, "iters": opts.iters}}
@@ -827,9 +849,10 @@ def tune(shapes: list[tuple[str, object]], tasks: list[Task], opts: TuneOptions,
         try:
             envs = dist.all_gather(client.ensure_started())
             if envs[0] is None:
-                on_event("skip", {"shape": shape, "reason": client.last_error or "worker failed on rank 0"})
+                on_event("skip", {"shape": shape, "tasks": todo,
+                                  "reason": client.last_error or "worker failed on rank 0"})
                 continue
-            for task in mine:
+            for task in todo:
                 entries.append(_tune_one(client, envs[0], task, shape, set_path, opts, dist, on_event))
         finally:
             client.close()
@@ -837,6 +860,7 @@ def tune(shapes: list[tuple[str, object]], tasks: list[Task], opts: TuneOptions,
 
 
 def _tune_one(client, env, task: Task, shape, set_path: str, opts: TuneOptions, dist: Dist, on_event) -> dict:
+    t0 = time.monotonic()
     space = build_space(task.kernel, shape.K, shape.V, shape.dtype, shape.family)
     on_event("search", {"task": task, "shape": shape, "estimate": space.pass_size()})
     local = per_candidate(lambda p: client.evaluate(task.kernel, task.route, p))
@@ -845,8 +869,80 @@ def _tune_one(client, env, task: Task, shape, set_path: str, opts: TuneOptions, 
                  on_result=lambda r: on_event("result", {"task": task, "shape": shape, "result": r}))
     entry = make_entry(env, task, shape, Path(set_path).stem, space, res, opts)
     path = tuned.save_entry(opts.cache_dir, entry) if dist.rank == 0 else None
-    on_event("entry", {"task": task, "shape": shape, "entry": entry, "path": path})
+    on_event("entry", {"task": task, "shape": shape, "entry": entry, "path": path,
+                       "seconds": time.monotonic() - t0})
     return entry
+
+
+# ----------------------------------------------------------------------------- resume
+def has_winner(entry: dict | None) -> bool:
+    """Whether a cache entry's search found a working config (one that found none is searched again)."""
+    return bool(entry) and (entry.get("best") or {}).get("time_us") is not None
+
+
+def entry_summary(entry: dict) -> str:
+    """An entry's outcome in a few words, e.g. 'BV=64 w=4 s=3 r=128: 120.0 µs, default 160.0 µs'."""
+    best, d = entry["best"]["time_us"], (entry.get("default") or {}).get("time_us")
+    win = tuned.winner(entry)
+    if win is None:
+        return f"default config kept ({best:.1f} µs)"
+    return f"{tuned.point_label(win)}: {best:.1f} µs, " + ("default failed" if d is None else f"default {d:.1f} µs")
+
+
+def cached_entry(cache_dir: Path, env: dict, task: Task, shape) -> dict | None:
+    """The current cache entry of a search on the machine ``env`` describes, when it found a working config."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", tuned.StaleEntry)  # a stale entry is simply searched again
+        e = tuned.find_entry(cache_dir, env, task.kernel, shape, task.variant)
+    return e if has_winner(e) else None
+
+
+def cached_tasks(tasks: list[Task], shape, env: dict, opts: TuneOptions) -> dict[int, str]:
+    """Index of each task a run skips -> the reason ('cached: <winner>'); none with opts.retune."""
+    if opts.retune:
+        return {}
+    found = {i: cached_entry(opts.cache_dir, env, t, shape) for i, t in enumerate(tasks)}
+    return {i: "cached: " + entry_summary(e) for i, e in found.items() if e}
+
+
+def cached_on(cache_dir: Path, task: Task, shape) -> dict[str, dict]:
+    """GPU folder -> entry, for the folders under ``cache_dir`` holding a working entry of this search
+    for the current kernel source: what --dry-run, which knows no GPU, marks as cached (a real run
+    also matches the compute capability and Triton version)."""
+    want = {"shape_key": tuned.shape_key(shape), "variant": task.variant, "source_hash": tuned.source_hash(task.kernel)}
+    out = {}
+    for path in sorted(Path(cache_dir).glob(f"*/{task.kernel}.json")):
+        for e in tuned.load_entries(path):
+            key = e.get("key", {})
+            if all(key.get(k) == v for k, v in want.items()) and has_winner(e):
+                out.setdefault(path.parent.name, e)
+    return out
+
+
+@dataclass
+class Tally:
+    """What a sweep did, counted from tune()'s events. run: searched and saved with a working config;
+    failed: saved without one, or not run (the shape's worker did not start); skipped: cached;
+    written: entries saved; search_s: the searches' own seconds (space, candidates, saving)."""
+
+    run: int = 0
+    skipped: int = 0
+    failed: int = 0
+    written: int = 0
+    search_s: float = 0.0
+
+    def count(self, kind: str, info: dict) -> None:
+        if kind == "cached":
+            self.skipped += 1
+        elif kind == "skip":
+            self.failed += len(info["tasks"])
+        elif kind == "entry":
+            self.written += 1
+            self.search_s += info["seconds"]
+            if has_winner(info["entry"]):
+                self.run += 1
+            else:
+                self.failed += 1
 
 
 # ----------------------------------------------------------------------------- report

@@ -1,15 +1,17 @@
 """The `gdnbench autotune` command (registered on the main app by ``register(app)``).
 
 Parses, checks and renders only; the work is in gdnbench.autotune. No torch import at module
-load. Bad input: one line and exit code 2. With --nproc-per-node N > 1 the command re-launches
-itself under torchrun (one rank per GPU) and returns torchrun's exit code.
+load. Bad input: one line and exit code 2; interrupted (SIGINT): one line and exit code 130. With
+--nproc-per-node N > 1 the command becomes torchrun (exec), running itself once per GPU; torchrun
+passes a SIGINT on to the ranks, and rank 0 says what was saved.
 """
 
 from __future__ import annotations
 
 import os
-import subprocess
+import signal
 import sys
+import time
 from pathlib import Path
 from typing import Optional
 
@@ -18,9 +20,11 @@ from rich.console import Console
 
 EXIT_BAD_INPUT = 2
 EXIT_NO_DEVICE = 3
+EXIT_INTERRUPTED = 130
 # the shape sets tuned when --shapes is not given, per --family
 DEFAULT_SETS = {"gdn": ("gdn-qwen6",), "kda": ("kda-legacy6",), "all": ("gdn-qwen6", "kda-legacy6")}
-RANK_ENV = "GDNBENCH_AUTOTUNE_RANKED"  # set on the torchrun re-launch: do not re-launch again
+# set on the torchrun re-launch (do not re-launch again) to the command's start, time.monotonic()
+RANK_ENV = "GDNBENCH_AUTOTUNE_RANKED"
 
 console = Console()
 err_console = Console(stderr=True)
@@ -61,9 +65,46 @@ def select_shapes(set_names: list[str], shape_ids: list[str], family: str) -> li
 
 
 def relaunch_command(argv: list[str], nproc: int) -> list[str]:
-    """The torchrun command that runs this autotune with ``nproc`` ranks on this node."""
-    return [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}",
+    """The torchrun command (through :func:`torchrun_main`) that runs this autotune with ``nproc``
+    ranks on this node."""
+    return [sys.executable, "-m", "gdnbench.cli_autotune", "torchrun", "--standalone", f"--nproc-per-node={nproc}",
             "-m", "gdnbench.cli_autotune", "autotune", *argv]
+
+
+def torchrun_main(args: list[str]) -> int:
+    """torchrun with ``args``; a SIGINT ends it with exit code 130 instead of its traceback (it has
+    passed the signal on to the ranks; rank 0 prints what was saved)."""
+    import logging
+
+    from torch.distributed.elastic.multiprocessing import SignalException
+    from torch.distributed.run import main
+
+    # its 'Received 2 death signal' and 'Sending process N closing signal' (rank 0's line says it)
+    for name in ("torch.distributed.elastic.agent.server.api", "torch.distributed.elastic.multiprocessing.api"):
+        logging.getLogger(name).setLevel(logging.ERROR)
+    try:
+        main(args)
+    except SignalException as e:
+        if e.sigval != signal.SIGINT:
+            raise
+        return EXIT_INTERRUPTED
+    return 0
+
+
+def _relaunch(argv: list[str], nproc: int, started: float):
+    """Replace this process by torchrun running this autotune on ``nproc`` ranks (so a signal sent to
+    this process reaches torchrun, which passes it on)."""
+    env = {**os.environ, RANK_ENV: repr(started), "NCCL_NVLS_ENABLE": "0"}
+    cmd = relaunch_command(argv, nproc)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os.execve(cmd[0], cmd, env)
+
+
+def _start_time() -> float:
+    """When this command started (time.monotonic(), one clock for all processes): now, or for a
+    torchrun rank, when the command that re-launched it did."""
+    return float(os.environ.get(RANK_ENV) or time.monotonic())
 
 
 def _argv(opts: dict) -> list[str]:
@@ -91,24 +132,29 @@ def _resolve_device(device: str, dry_run: bool) -> str:
     return "cuda"
 
 
-def _print_dry_run(rows: list[dict]) -> None:
-    """One block per search: what it tunes, its counts and strategy, then each dimension's values."""
+def _print_dry_run(rows: list[dict], cache_dir: Optional[Path]) -> None:
+    """One block per search: what it tunes, its counts and strategy, where it is cached, then each
+    dimension's values."""
     from .autotune import fmt_values
 
     for r in rows:
         strat = "exhaustive" if r["strategy"] == "exhaustive" else f"coordinate descent (≤{r['per_pass']} per pass)"
+        cached = "".join(f" [cached on {gpu}: {summary}]" for gpu, summary in r["cached"].items())
         console.print(f"{r['kernel']} variant={r['variant']} route={r['route']} {r['shape_key']} "
-                      f"({r['shape_id']}): {r['total']} candidates, {r['valid']} valid, {strat}",
+                      f"({r['shape_id']}): {r['total']} candidates, {r['valid']} valid, {strat}{cached}",
                       markup=False, highlight=False, soft_wrap=True)
         for d, v in r["dims"].items():
             console.print(f"  {d}: {fmt_values(v)}", markup=False, highlight=False, soft_wrap=True)
-    console.print(f"{len(rows)} searches, nothing run; valid = kept by kernels.config.validate()", highlight=False)
+    n_cached = sum(1 for r in rows if r["cached"])
+    where = f"; {n_cached} marked cached (under {cache_dir})" if cache_dir is not None else ""
+    console.print(f"{len(rows)} searches, nothing run{where}; valid = kept by kernels.config.validate()",
+                  highlight=False, soft_wrap=True)
 
 
-def _run_with_progress(shapes, tasks, opts, dist):
+def _run_with_progress(shapes, tasks, opts, dist, tally):
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
-    from .autotune import tune
+    from . import autotune as at
 
     show = dist.rank == 0
     with Progress(TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
@@ -117,6 +163,7 @@ def _run_with_progress(shapes, tasks, opts, dist):
         planned = {"n": 0}
 
         def on_event(kind, info):
+            tally.count(kind, info)
             if kind == "search":
                 planned["n"] += info["estimate"]
                 progress.update(bar, total=planned["n"],
@@ -138,11 +185,21 @@ def _run_with_progress(shapes, tasks, opts, dist):
                 progress.console.print(f"[green]{e['kernel']}[{e['variant']}] {e['key']['shape_key']}[/green]: "
                                        f"default {d} µs, best {b} µs (ratio {ratio}), "
                                        f"{e['search']['evaluated']} evaluated -> {info['path']}", highlight=False)
+            elif kind == "cached" and show:
+                t = info["task"]
+                progress.console.print(f"skipped {t.kernel}[{t.variant}] {at.tuned.shape_key(info['shape'])}: "
+                                       f"{info['reason']}", markup=False, highlight=False)
             elif kind == "skip" and show:
-                progress.console.print(f"[yellow]skipped {info['shape'].id}: {info['reason']}[/yellow]",
-                                       highlight=False)
+                progress.console.print(f"[red]failed[/red] {info['shape'].id}: {len(info['tasks'])} searches not "
+                                       f"run: {info['reason']}", highlight=False)
 
-        return tune(shapes, tasks, opts, dist, on_event)
+        return at.tune(shapes, tasks, opts, dist, on_event)
+
+
+def _summary(tally, wall_s: float) -> str:
+    """The sweep's counts and times (the searches' own time and the command's wall time)."""
+    return (f"searches: {tally.run} run, {tally.skipped} skipped (cached), {tally.failed} failed; "
+            f"wall time {wall_s:.1f} s, searches {tally.search_s:.1f} s (the rest: imports, worker starts, inputs)")
 
 
 def register(app: typer.Typer) -> None:
@@ -162,7 +219,12 @@ def register(app: typer.Typer) -> None:
         routes: Optional[list[str]] = typer.Option(None, "--routes", "-r", help="Routes whose kernel "
                                                     "specializations to tune (default: all)."),
         budget: float = typer.Option(300.0, help="Seconds per kernel and shape search (checked between sweeps)."),
-        dry_run: bool = typer.Option(False, "--dry-run", help="Print the search spaces and counts; run nothing."),
+        dry_run: bool = typer.Option(False, "--dry-run", help="Print the search spaces and counts; run nothing "
+                                     "(CPU is fine). A search is marked 'cached on <gpu>' when that GPU's folder of "
+                                     "--cache-dir holds a working entry of it for the current kernel source: a real "
+                                     "run there skips it (if its compute capability and Triton version match too)."),
+        retune: bool = typer.Option(False, "--retune", help="Search again where the cache holds a current entry "
+                                    "(default: skip those, so a re-run resumes an interrupted sweep)."),
         nproc_per_node: int = typer.Option(1, "--nproc-per-node", help="GPUs to shard candidates over (torchrun)."),
         device: str = typer.Option("auto", help="auto, cuda or cpu (cpu: interpreter, plumbing only)."),
         cache_dir: Optional[Path] = typer.Option(None, help="Cache root (default results/tuned)."),
@@ -175,7 +237,11 @@ def register(app: typer.Typer) -> None:
         plot: Optional[Path] = typer.Option(None, "--plot", help="With --report: write a time-vs-maxnreg chart "
                                              "per cache entry into this folder."),
     ):
-        """Tune block sizes, warps, stages and register caps of our kernels per shape; cache the winners."""
+        """Tune block sizes, warps, stages and register caps of our kernels per shape; cache the winners.
+
+        Each search is saved as it ends; searches already cached for this GPU, compute capability,
+        Triton version and kernel source are skipped (--retune searches them again)."""
+        started = _start_time()
         if report:
             _report(cache_dir, plot)
             return
@@ -210,26 +276,32 @@ def register(app: typer.Typer) -> None:
         if not tasks:
             _fail(f"--kernels {','.join(kernel_l)} are not run by --routes {','.join(route_l)}")
         if dry_run:
-            _print_dry_run(at.dry_run_rows([s for _, s in pairs], tasks, exhaustive_max))
+            root = None if retune else (cache_dir or at.tuned.TUNED_DIR)
+            _print_dry_run(at.dry_run_rows([s for _, s in pairs], tasks, exhaustive_max, root), root)
             return
         if nproc_per_node > 1 and RANK_ENV not in os.environ:
             opts = dict(shapes=",".join(_split(shapes)) or None, shape_id=",".join(_split(shape_ids)) or None,
                         family=fam, kernels=",".join(kernel_l), routes=",".join(route_l), budget=budget,
                         device=dev, cache_dir=cache_dir, exhaustive_max=exhaustive_max, min_gain=min_gain,
-                        check_tokens=check_tokens, warmup=warmup, rounds=rounds, iters=iters, timeout=timeout)
-            env = {**os.environ, RANK_ENV: "1", "NCCL_NVLS_ENABLE": "0"}
-            raise typer.Exit(subprocess.run(relaunch_command(_argv(opts), nproc_per_node), env=env).returncode)
+                        check_tokens=check_tokens, warmup=warmup, rounds=rounds, iters=iters, timeout=timeout,
+                        retune=retune)
+            _relaunch(_argv(opts), nproc_per_node, started)
         opts = at.TuneOptions(device=dev, budget_s=budget, exhaustive_max=exhaustive_max, min_gain=min_gain,
                               check_tokens=check_tokens or (8192 if dev == "cuda" else 1024), warmup=warmup,
                               rounds=rounds, iters=iters, timeout_s=timeout,
-                              cache_dir=cache_dir or at.tuned.TUNED_DIR)
+                              cache_dir=cache_dir or at.tuned.TUNED_DIR, retune=retune)
         dist = at.torch_dist()
+        tally = at.Tally()
         try:
-            entries = _run_with_progress(at.unique_shapes_pairs(pairs), tasks, opts, dist)
+            entries = _run_with_progress(at.unique_shapes_pairs(pairs), tasks, opts, dist, tally)
         except KeyboardInterrupt:
-            _fail("interrupted: the searches finished so far are in the cache", 130)
+            if dist.rank == 0:
+                _fail(f"interrupted: {tally.written} finished search(es) saved under {opts.cache_dir} "
+                      f"({tally.skipped} skipped as cached); run the same command again to resume", EXIT_INTERRUPTED)
+            raise typer.Exit(EXIT_INTERRUPTED)
         if dist.rank == 0:
             console.print(f"{len(entries)} searches written under {opts.cache_dir}")
+            console.print(_summary(tally, time.monotonic() - started), highlight=False)
 
 
 def _report(cache_dir: Optional[Path], plot_dir: Optional[Path]) -> None:
@@ -283,4 +355,6 @@ def _standalone_app() -> typer.Typer:
 
 
 if __name__ == "__main__":
+    if sys.argv[1:2] == ["torchrun"]:
+        sys.exit(torchrun_main(sys.argv[2:]))
     _standalone_app()(prog_name="gdnbench")

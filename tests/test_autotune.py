@@ -194,7 +194,7 @@ def test_relaunch_command_uses_torchrun():
     from gdnbench.cli_autotune import relaunch_command
 
     cmd = relaunch_command(["--budget", "5"], 4)
-    assert cmd[1:4] == ["-m", "torch.distributed.run", "--standalone"] and "--nproc-per-node=4" in cmd
+    assert cmd[1:5] == ["-m", "gdnbench.cli_autotune", "torchrun", "--standalone"] and "--nproc-per-node=4" in cmd
     assert cmd[-3:] == ["autotune", "--budget", "5"]
 
 
@@ -481,3 +481,135 @@ def test_autotune_cli_tunes_kda_on_the_cpu(tmp_path):
         assert e["key"]["shape_key"] == tuned.shape_key(kda) and e["variant"] == variant
         assert e["default"]["time_us"] > 0 and e["candidates"][0]["status"] == "ok"
         assert e["gate"].startswith("whole chunk_kda forward")
+
+
+# ----------------------------------------------------------------------------- resume
+class _FakeWorker:
+    """Stands in for WorkerClient in tune(): starts at once, answers every candidate ok; raises
+    KeyboardInterrupt at the first candidate of kernel ``interrupt_on`` (a SIGINT mid-search)."""
+
+    def __init__(self, spec, *args, env=ENV, interrupt_on=None, started=None):
+        self.spec, self.env, self.interrupt_on = spec, env, interrupt_on
+        self.started = started if started is not None else []
+        self.last_error = ""
+        self.n = 0
+
+    def ensure_started(self):
+        self.started.append(self.spec["shape_id"])
+        return self.env
+
+    def evaluate(self, kernel, route, point):
+        if kernel == self.interrupt_on:
+            raise KeyboardInterrupt
+        self.n += 1
+        return {"status": "ok", "reason": "", "time_us": 100.0 + self.n}
+
+    def close(self):
+        pass
+
+
+def _smoke_pairs(*ids):
+    ss = shp.load("smoke")
+    return [(str(ss.path), ss.get(i)) for i in ids]
+
+
+def _tune(tmp_path, kernels, retune=False, **fake):
+    """tune() over smoke's gdn_fixed_b2 on the flag route with fake workers: (events, shapes started)."""
+    events, started = [], []
+    opts = at.TuneOptions(device="cpu", budget_s=0, cache_dir=tmp_path, retune=retune)
+    at.tune(_smoke_pairs("gdn_fixed_b2"), at.plan_tasks(["flag"], kernels), opts,
+            on_event=lambda kind, info: events.append((kind, info)), env=ENV,
+            client_factory=lambda spec: _FakeWorker(spec, started=started, **fake))
+    return events, started
+
+
+def _searched(events):
+    return [info["task"].kernel for kind, info in events if kind == "entry"]
+
+
+def test_tune_skips_current_cache_entries_and_searches_stale_ones(tmp_path):
+    shape = _smoke_pairs("gdn_fixed_b2")[0][1]
+    tuned.save_entry(tmp_path, _entry(shape, kernel="state"))
+    tuned.save_entry(tmp_path, _entry(shape, kernel="output", source_hash="sha256:old"))
+    failed = _entry(shape, kernel="gram")
+    failed["best"] = None  # its search found no working config: searched again
+    tuned.save_entry(tmp_path, failed)
+    events, started = _tune(tmp_path, ["gram", "state", "output"])
+    [(kind, info)] = [(k, i) for k, i in events if k == "cached"]
+    assert info["task"].kernel == "state"
+    assert info["reason"] == "cached: BV=64 w=4 s=3 r=128: 120.0 µs, default 160.0 µs"
+    assert _searched(events) == ["gram", "output"] and started == ["gdn_fixed_b2"]
+    tally = at.Tally()
+    for kind, info in events:
+        tally.count(kind, info)
+    assert (tally.run, tally.skipped, tally.failed, tally.written) == (2, 1, 0, 2) and tally.search_s > 0
+    # the stale entry was replaced: everything is cached now, and no worker starts
+    events, started = _tune(tmp_path, ["gram", "state", "output"])
+    assert [k for k, _ in events] == ["cached"] * 3 and started == []
+
+
+def test_retune_searches_cached_entries_again(tmp_path):
+    shape = _smoke_pairs("gdn_fixed_b2")[0][1]
+    tuned.save_entry(tmp_path, _entry(shape, kernel="state"))
+    events, started = _tune(tmp_path, ["state"], retune=True)
+    assert _searched(events) == ["state"] and not any(k == "cached" for k, _ in events)
+    [e] = tuned.load_entries(tuned.cache_path(tmp_path, ENV["gpu"], "state"))
+    assert e["candidates"][0]["time_us"] == 101.0  # the new search replaced the old entry
+
+
+def test_interrupted_sweep_keeps_finished_entries(tmp_path):
+    with pytest.raises(KeyboardInterrupt):
+        _tune(tmp_path, ["state", "output"], interrupt_on="output")
+    assert len(tuned.load_entries(tuned.cache_path(tmp_path, ENV["gpu"], "state"))) == 1
+    assert tuned.load_entries(tuned.cache_path(tmp_path, ENV["gpu"], "output")) == []
+    events, _ = _tune(tmp_path, ["state", "output"])  # the re-run resumes
+    assert [k for k, _ in events if k in ("cached", "entry")] == ["cached", "entry"]
+
+
+def _cli_env():
+    return {"COLUMNS": "250"}
+
+
+SMOKE_ARGS = ["--device", "cpu", "--shapes", "smoke", "--shape-id", "gdn_fixed_b2", "--kernels", "state,output",
+              "--routes", "flag", "--budget", "0"]
+
+
+def test_autotune_cli_interrupt_exits_130_with_one_line(tmp_path, monkeypatch):
+    monkeypatch.setattr(at, "WorkerClient", lambda spec, *a: _FakeWorker(spec, env=at.device_identity("cpu"),
+                                                                          interrupt_on="output"))
+    r = CliRunner().invoke(_app(), ["autotune", *SMOKE_ARGS, "--cache-dir", str(tmp_path)], env=_cli_env())
+    assert r.exit_code == 130, r.output
+    assert "Traceback" not in r.output
+    [line] = [l for l in r.output.splitlines() if "interrupted" in l]
+    assert "interrupted: 1 finished search(es) saved under" in line
+    assert len(tuned.load_entries(tuned.cache_path(tmp_path, "cpu", "state"))) == 1
+
+
+def test_autotune_cli_skips_cached_searches_and_prints_the_summary(tmp_path):
+    env = at.device_identity("cpu")
+    shape = _smoke_pairs("gdn_fixed_b2")[0][1]
+    for kernel in ("state", "output"):
+        e = _entry(shape, kernel=kernel)
+        e["key"] = tuned.entry_key(env, kernel, shape, "plain")
+        tuned.save_entry(tmp_path, e)
+    r = CliRunner().invoke(_app(), ["autotune", *SMOKE_ARGS, "--cache-dir", str(tmp_path)], env=_cli_env())
+    assert r.exit_code == 0, r.output
+    assert "skipped state[plain] gdn_K32_V32_H2_HV4_float32_fixed_T256: cached: BV=64 w=4 s=3 r=128" in r.output
+    assert "0 searches written under" in r.output
+    assert "searches: 0 run, 2 skipped (cached), 0 failed; wall time " in r.output
+
+
+def test_dry_run_marks_cached_searches(tmp_path):
+    shape = _smoke_pairs("gdn_fixed_b2")[0][1]
+    tuned.save_entry(tmp_path, _entry(shape, kernel="state"))  # current, on the H200
+    tuned.save_entry(tmp_path, _entry(shape, kernel="state", gpu="NVIDIA B200", source_hash="sha256:old"))
+    args = ["autotune", "--dry-run", "--shapes", "smoke", "--kernels", "state", "--routes", "flag",
+            "--cache-dir", str(tmp_path)]
+    r = CliRunner().invoke(_app(), args, env=_cli_env())
+    assert r.exit_code == 0, r.output
+    [line] = [l for l in r.output.splitlines() if "[cached on" in l]
+    assert line.startswith("state variant=plain route=flag gdn_K32_V32_H2_HV4_float32_fixed_T256 (gdn_fixed_b2)")
+    assert line.endswith("[cached on nvidia-h200: BV=64 w=4 s=3 r=128: 120.0 µs, default 160.0 µs]")
+    assert "nvidia-b200" not in r.output and "4 searches, nothing run; 1 marked cached (under " in r.output
+    r = CliRunner().invoke(_app(), [*args, "--retune"], env=_cli_env())
+    assert r.exit_code == 0 and "cached" not in r.output and "4 searches, nothing run; valid" in r.output
