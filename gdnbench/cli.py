@@ -192,9 +192,11 @@ def _run(shapes, backends, routes, shape_ids, mode, device, out, l2, warmup, rou
         if ids and len(bad) == len(ids):
             continue
         stamp = results.utc_stamp()
-        named = results.default_path(env, ss.name, stamp, mode)
-        path = out if (out is not None and out.suffix == ".json") else (
-            results.claim_path(out / named.name if out is not None else named) if resume is None else None)
+        if out is not None and out.suffix == ".json":
+            path = out
+        elif resume is None:
+            named = results.default_path(env, ss.name, stamp, mode)
+            path = results.claim_path(out / named.name if out is not None else named)
         wanted = [i for i in ids if i not in bad] or [s.id for s in ss.shapes]
         if resume is not None:
             prior = results.load(resume)
