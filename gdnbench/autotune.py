@@ -24,6 +24,12 @@ the stage kernel alone is timed by gdnbench.timing: CUDA-graph replay of one sta
 input (stage inputs precomputed with the default config), median over rounds. Every candidate yields a result with a status
 (ok, incorrect, compile_error, error, crashed, timeout) and a reason; none is dropped.
 
+Compile pool. A candidate's first call took 0.8-1.0 s on the H200 (search of 38 candidates: 37 s), nearly all
+of it Triton's compile, while the gate and the timing take milliseconds. So before a batch of candidates is
+evaluated, ``compile_workers`` extra worker processes on the same GPU run each candidate's forward once, in
+parallel, filling Triton's on-disk cache; the timing worker then loads the binaries. Nothing is timed while the
+pool runs, and a pool failure only costs the warm-up: the timing worker's own call records what went wrong.
+
 Families. A shape's family picks its kernels (KDA runs kda_intra where GDN runs gram and shares
 the others with per-channel gates), their specializations (:func:`gdnbench.tuned.variant_of`), its
 default config and validity rules, and its cache key; so each task is planned for one family.
@@ -448,8 +454,10 @@ class _Bench:
         self.small = self.full if check_shape is s else make_inputs(check_shape, self.device)
         self.info = {id(x): (ops.prepare_varlen(x.cu_seqlens) if x.cu_seqlens is not None else None)
                      for x in (self.full, self.small)}
-        with torch.no_grad():
-            self.oracle = build_oracle(check_shape, self.small, s)
+        self.oracle = None
+        if not spec.get("warm_only"):
+            with torch.no_grad():
+                self.oracle = build_oracle(check_shape, self.small, s)
         self._default_o: dict[str, object] = {}
         self._stage: dict[str, dict] = {}
 
@@ -538,6 +546,18 @@ class _Bench:
         samples = [t for _ in range(p.rounds) for t in timing.time_graph(graph, p.iters)]
         del graph
         return statistics.median(samples), "cuda graph replay of one stage call"
+
+    def warm(self, kernel: str, route: str, point: Point) -> dict:
+        """Compile one candidate (its forward on the gate's input, run once) to fill Triton's cache."""
+        t0 = time.monotonic()
+        try:
+            with self.torch.no_grad():
+                self.forward(self.small, route, full_config(kernel, point, self.base))
+                self._sync()
+        except Exception as e:
+            return {"status": "error", "reason": one_line(e), "seconds": round(time.monotonic() - t0, 3),
+                    "context_lost": not self._context_ok()}
+        return {"status": "ok", "reason": "", "seconds": round(time.monotonic() - t0, 3)}
 
     def evaluate(self, kernel: str, route: str, point: Point) -> dict:
         """Compile -> gate -> time one candidate; every outcome is a result dict."""
@@ -634,7 +654,8 @@ def worker_main(spec_json: str) -> int:
         return 1
     for line in sys.stdin:
         req = json.loads(line)
-        res = bench.evaluate(req["kernel"], req["route"], req["point"])
+        run = bench.warm if req.get("warm") else bench.evaluate
+        res = run(req["kernel"], req["route"], req["point"])
         proto.write(json.dumps(res, default=str) + "\n")
         if res.get("context_lost"):
             return 3  # the CUDA context is poisoned: the parent starts a fresh worker
@@ -726,8 +747,9 @@ class WorkerClient:
             self.proc.wait()
         self.proc = None
 
-    def evaluate(self, kernel: str, route: str, point: Point) -> dict:
-        """One candidate's result; a dead or hung worker is recorded as the candidate's result."""
+    def evaluate(self, kernel: str, route: str, point: Point, warm: bool = False) -> dict:
+        """One candidate's result; a dead or hung worker is recorded as the candidate's result.
+        ``warm``: only compile it (a compile-pool worker)."""
         if self.proc is None:
             if self.start_failures >= 2:
                 return {"status": "error", "reason": "worker cannot start (failed twice)", "time_us": None}
@@ -736,7 +758,8 @@ class WorkerClient:
             except WorkerDied as e:
                 return {"status": "error", "reason": str(e), "time_us": None}
         try:
-            self.proc.stdin.write((json.dumps({"kernel": kernel, "route": route, "point": point}) + "\n").encode())
+            req = {"kernel": kernel, "route": route, "point": point, "warm": warm}
+            self.proc.stdin.write((json.dumps(req) + "\n").encode())
             self.proc.stdin.flush()
             res = self._read(self.timeout_s)
         except (BrokenPipeError, OSError, json.JSONDecodeError):
@@ -766,6 +789,47 @@ class WorkerClient:
         self._err.close()
 
 
+class CompilePool:
+    """``n`` compile-only workers (clients from ``make_client``, started on first use);
+    :meth:`warm` compiles a batch of candidates in parallel to fill Triton's on-disk cache."""
+
+    def __init__(self, spec: dict, n: int, make_client):
+        self.clients = [make_client({**spec, "warm_only": True}) for _ in range(max(0, n))]
+
+    def warm(self, kernel: str, route: str, points: list[Point]) -> list[dict]:
+        if not self.clients or not points:
+            return []
+        import queue
+        from concurrent.futures import ThreadPoolExecutor
+
+        free: queue.Queue = queue.Queue()
+        for c in self.clients:
+            free.put(c)
+
+        def one(p):
+            c = free.get()
+            try:
+                return c.evaluate(kernel, route, p, warm=True)
+            finally:
+                free.put(c)
+
+        with ThreadPoolExecutor(len(self.clients)) as ex:
+            return list(ex.map(one, points))
+
+    def close(self) -> None:
+        for c in self.clients:
+            c.close()
+
+
+def default_compile_workers(device: str, world: int = 1) -> int:
+    """Compile-pool size per rank: the node's cores shared among its ranks, two kept for the
+    timing workers and torchrun, at most 8 (each worker holds a CUDA context and the shape's
+    inputs); none off the GPU (the interpreter compiles nothing)."""
+    if device != "cuda":
+        return 0
+    return max(0, min(8, (os.cpu_count() or 1) // max(1, world) - 2))
+
+
 def rank_gpu(local_rank: int) -> str:
     """The CUDA_VISIBLE_DEVICES entry of this rank's GPU (respecting one already set)."""
     visible = [d for d in os.environ.get("CUDA_VISIBLE_DEVICES", "").split(",") if d.strip()]
@@ -786,6 +850,7 @@ class TuneOptions:
     timeout_s: float = 600.0
     cache_dir: Path = tuned.TUNED_DIR
     retune: bool = False  # search again where a current cache entry exists
+    compile_workers: int = 0  # per rank; see CompilePool
 
 
 def make_entry(env: dict, task: Task, shape, set_name: str, space: Space, res: SearchResult, opts: TuneOptions) -> dict:
@@ -804,7 +869,7 @@ def make_entry(env: dict, task: Task, shape, set_name: str, space: Space, res: S
                    "budget_s": opts.budget_s, "spent_s": round(res.spent_s, 3), "min_gain": opts.min_gain,
                    "exhaustive_max": opts.exhaustive_max, "dims": {d: list(v) for d, v in space.dims},
                    "space_total": space.total, "evaluated": len(res.results), "failed": failed,
-                   "pruned_met": res.pruned},
+                   "pruned_met": res.pruned, "compile_workers": opts.compile_workers},
         "gate": f"whole chunk_{shape.family} forward of the route under the candidate config vs the fp64 recurrence "
                 "(gdnbench.check, data-derived budget); err_vs_default: rel-RMS against the default config",
         "timing": {"what": "the stage kernel alone, stage inputs precomputed with the default config",
@@ -846,6 +911,7 @@ def tune(shapes: list[tuple[str, object]], tasks: list[Task], opts: TuneOptions,
         spec = {"shape_set": set_path, "shape_id": shape.id, "device": opts.device, "check_tokens": opts.check_tokens,
                 "params": {"warmup": opts.warmup, "rounds": opts.rounds, "iters": opts.iters}}
         client = factory(spec)
+        pool = CompilePool(spec, opts.compile_workers, factory)
         try:
             envs = dist.all_gather(client.ensure_started())
             if envs[0] is None:
@@ -853,17 +919,27 @@ def tune(shapes: list[tuple[str, object]], tasks: list[Task], opts: TuneOptions,
                                   "reason": client.last_error or "worker failed on rank 0"})
                 continue
             for task in todo:
-                entries.append(_tune_one(client, envs[0], task, shape, set_path, opts, dist, on_event))
+                entries.append(_tune_one(client, envs[0], task, shape, set_path, opts, dist, on_event, pool))
         finally:
             client.close()
+            pool.close()
     return entries
 
 
-def _tune_one(client, env, task: Task, shape, set_path: str, opts: TuneOptions, dist: Dist, on_event) -> dict:
+def _tune_one(client, env, task: Task, shape, set_path: str, opts: TuneOptions, dist: Dist, on_event,
+              pool: CompilePool | None = None) -> dict:
     t0 = time.monotonic()
     space = build_space(task.kernel, shape.K, shape.V, shape.dtype, shape.family)
     on_event("search", {"task": task, "shape": shape, "estimate": space.pass_size()})
-    local = per_candidate(lambda p: client.evaluate(task.kernel, task.route, p))
+    one_by_one = per_candidate(lambda p: client.evaluate(task.kernel, task.route, p))
+
+    def local(points):
+        t = time.monotonic()
+        if pool is not None:
+            pool.warm(task.kernel, task.route, points)
+        results, _ = one_by_one(points)
+        return results, time.monotonic() - t
+
     evaluate = local if dist.world == 1 else sharded(local, dist)
     res = search(space, evaluate, opts.budget_s, opts.exhaustive_max, opts.min_gain,
                  on_result=lambda r: on_event("result", {"task": task, "shape": shape, "result": r}))

@@ -233,6 +233,9 @@ def register(app: typer.Typer) -> None:
         check_tokens: Optional[int] = typer.Option(None, help="Gate input length cap (default 8192; 1024 on CPU)."),
         warmup: int = typer.Option(5), rounds: int = typer.Option(3), iters: int = typer.Option(20),
         timeout: float = typer.Option(600.0, help="Seconds one candidate may take before its worker is killed."),
+        compile_workers: Optional[int] = typer.Option(None, help="Processes per GPU compiling a batch of "
+                                                      "candidates in parallel before it is timed (default: the "
+                                                      "node's cores per GPU less 2, at most 8; 0 on the CPU)."),
         report: bool = typer.Option(False, "--report", help="Print the cache's default vs tuned table; tune nothing."),
         plot: Optional[Path] = typer.Option(None, "--plot", help="With --report: write a time-vs-maxnreg chart "
                                              "per cache entry into this folder."),
@@ -253,9 +256,10 @@ def register(app: typer.Typer) -> None:
                 if not val >= low:
                     raise _Bad(f"{name} {val}: must be ≥ {low}")
             for name, val in (("--nproc-per-node", nproc_per_node), ("--exhaustive-max", exhaustive_max + 1),
-                              ("--rounds", rounds), ("--iters", iters), ("--warmup", warmup + 1)):
+                              ("--rounds", rounds), ("--iters", iters), ("--warmup", warmup + 1),
+                              ("--compile-workers", 1 if compile_workers is None else compile_workers + 1)):
                 if val < 1:
-                    raise _Bad(f"{name}: must be at least {1 if name != '--exhaustive-max' else 0}")
+                    raise _Bad(f"{name}: must be at least {0 if name in ('--exhaustive-max', '--compile-workers') else 1}")
             dev = _resolve_device(device, dry_run)
             set_names = _split(shapes) or list(DEFAULT_SETS[fam])
             pairs = select_shapes(set_names, _split(shape_ids), fam)
@@ -284,13 +288,15 @@ def register(app: typer.Typer) -> None:
                         family=fam, kernels=",".join(kernel_l), routes=",".join(route_l), budget=budget,
                         device=dev, cache_dir=cache_dir, exhaustive_max=exhaustive_max, min_gain=min_gain,
                         check_tokens=check_tokens, warmup=warmup, rounds=rounds, iters=iters, timeout=timeout,
-                        retune=retune)
+                        retune=retune, compile_workers=compile_workers)
             _relaunch(_argv(opts), nproc_per_node, started)
         opts = at.TuneOptions(device=dev, budget_s=budget, exhaustive_max=exhaustive_max, min_gain=min_gain,
                               check_tokens=check_tokens or (8192 if dev == "cuda" else 1024), warmup=warmup,
                               rounds=rounds, iters=iters, timeout_s=timeout,
                               cache_dir=cache_dir or at.tuned.TUNED_DIR, retune=retune)
         dist = at.torch_dist()
+        opts.compile_workers = (at.default_compile_workers(dev, dist.world) if compile_workers is None
+                                else compile_workers)
         tally = at.Tally()
         try:
             entries = _run_with_progress(at.unique_shapes_pairs(pairs), tasks, opts, dist, tally)
@@ -301,7 +307,8 @@ def register(app: typer.Typer) -> None:
             raise typer.Exit(EXIT_INTERRUPTED)
         if dist.rank == 0:
             console.print(f"{len(entries)} searches written under {opts.cache_dir}")
-            console.print(_summary(tally, time.monotonic() - started), highlight=False)
+            console.print(_summary(tally, time.monotonic() - started)
+                          + f"; {dist.world} GPU(s), {opts.compile_workers} compile workers per GPU", highlight=False)
 
 
 def _report(cache_dir: Optional[Path], plot_dir: Optional[Path]) -> None:

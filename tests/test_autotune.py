@@ -613,3 +613,54 @@ def test_dry_run_marks_cached_searches(tmp_path):
     assert "nvidia-b200" not in r.output and "4 searches, nothing run; 1 marked cached (under " in r.output
     r = CliRunner().invoke(_app(), [*args, "--retune"], env=_cli_env())
     assert r.exit_code == 0 and "cached" not in r.output and "4 searches, nothing run; valid" in r.output
+
+
+def test_compile_pool_warms_every_point_in_parallel_and_survives_failures():
+    import threading
+
+    import time
+
+    calls, running, peak = [], [0], [0]
+    lock = threading.Lock()
+
+    class FakeClient:
+        def __init__(self, spec):
+            assert spec["warm_only"] is True
+            self.closed = False
+
+        def evaluate(self, kernel, route, point, warm=False):
+            assert warm
+            with lock:
+                calls.append(point["x"])
+                running[0] += 1
+                peak[0] = max(peak[0], running[0])
+            time.sleep(0.05)
+            with lock:
+                running[0] -= 1
+            if point["x"] == 3:
+                return {"status": "crashed", "reason": "boom"}
+            return {"status": "ok", "reason": ""}
+
+        def close(self):
+            self.closed = True
+
+    pool = at.CompilePool({"shape_id": "s"}, 3, FakeClient)
+    res = pool.warm("output", "flag", [{"x": i} for i in range(7)])
+    assert sorted(calls) == list(range(7)) and [r["status"] for r in res].count("crashed") == 1
+    assert peak[0] == 3  # three workers compiling at once
+    pool.close()
+    assert all(c.closed for c in pool.clients)
+    assert at.CompilePool({}, 0, FakeClient).warm("output", "flag", [{"x": 1}]) == []
+    assert at.default_compile_workers("cpu") == 0
+    assert 0 <= at.default_compile_workers("cuda", 2) <= 8
+
+
+def test_warm_request_compiles_a_candidate_in_a_cpu_worker():
+    client = _smoke_client("kda_packed_gva2")
+    client.spec["warm_only"] = True  # no oracle is built
+    try:
+        point = {"BK": 16, "BV": 16, "num_warps": 4, "num_stages": 2, "maxnreg": 128}
+        res = client.evaluate("output_fused", "fused_q", point, warm=True)
+    finally:
+        client.close()
+    assert res["status"] == "ok", res
