@@ -73,7 +73,7 @@ def shape_ids(doc: dict) -> list[str]:
     return ids + sorted(have - set(ids))
 
 
-BACKEND_ORDER = ("fla", "gdnbench", "helion", "helion-linear", "flashinfer", "reference")
+BACKEND_ORDER = ("fla", "gdnbench", "gdnbench-default", "helion", "helion-linear", "flashinfer", "reference")
 ROUTE_ORDER = ("explicit", "flag", "fused_q", "fused_qk", "megatron", "megatron_flag")
 
 
@@ -138,6 +138,10 @@ def standard_pairs(doc: dict) -> list[str]:
         if (b, "megatron_flag") in have and (b, "megatron") in have:
             pairs.append(f"{b}:megatron_flag/{b}:megatron")
     ours = "gdnbench"
+    if ours in backends and "gdnbench-default" in backends:  # the autotune's gain: tuned / default configs
+        pairs += [f"{ours}:{r}/gdnbench-default:{r}" for r in ("explicit", "flag", "fused_q", "fused_qk")
+                  if (ours, r) in have and ("gdnbench-default", r) in have]
+        pairs.append(f"{ours}:best/gdnbench-default:best")
     for other in ("fla", "helion", "helion-linear", "flashinfer"):
         if ours not in backends or other not in backends:
             continue

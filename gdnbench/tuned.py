@@ -22,6 +22,7 @@ No torch import here; :func:`device_env` imports it lazily.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import functools
 import hashlib
@@ -155,13 +156,39 @@ def load_entries(path: Path) -> list[dict]:
         return []
 
 
+def _read_fresh(path: Path) -> list[dict]:
+    """load_entries without its cache (under the write lock, another writer may have just saved)."""
+    _read.cache_clear()
+    return load_entries(path)
+
+
+@contextlib.contextmanager
+def _locked(path: Path):
+    """An exclusive lock on ``path``'s kernel file for a read-modify-write: two sweeps sharing a cache
+    (e.g. --family gdn and --family kda at once, one per GPU) write the same kernel files, and without
+    it one H200 pair of sweeps lost 5 of 54 entries."""
+    try:
+        import fcntl
+    except ImportError:  # no POSIX locks (Windows): one writer at a time is the caller's business
+        yield
+        return
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path.with_name(path.name + ".lock"), "a") as fh:
+        fcntl.flock(fh, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(fh, fcntl.LOCK_UN)
+
+
 def save_entry(cache_dir: Path, entry: dict) -> Path:
     """Add ``entry`` to its kernel's file, replacing any entry with the same identity."""
     key = entry["key"]
     path = cache_path(cache_dir, key["gpu"], entry["kernel"])
-    kept = [e for e in load_entries(path) if _identity(e.get("key", {})) != _identity(key)]
-    doc = {"schema": CACHE_SCHEMA, "kernel": entry["kernel"], "entries": kept + [entry]}
-    return write_atomic(doc, path)
+    with _locked(path):
+        kept = [e for e in _read_fresh(path) if _identity(e.get("key", {})) != _identity(key)]
+        doc = {"schema": CACHE_SCHEMA, "kernel": entry["kernel"], "entries": kept + [entry]}
+        return write_atomic(doc, path)
 
 
 def find_entry(cache_dir: Path, env: dict, kernel: str, shape, variant: str) -> dict | None:

@@ -664,3 +664,29 @@ def test_warm_request_compiles_a_candidate_in_a_cpu_worker():
     finally:
         client.close()
     assert res["status"] == "ok", res
+
+
+def test_concurrent_saves_to_one_kernel_file_keep_every_entry(tmp_path):
+    """Two sweeps at once (one per GPU) write the same kernel files: no entry may be lost."""
+    import multiprocessing as mp
+
+    ctx = mp.get_context("spawn")
+    procs = [ctx.Process(target=_save_many, args=(str(tmp_path), w)) for w in range(4)]
+    for p in procs:
+        p.start()
+    for p in procs:
+        p.join(120)
+    assert all(p.exitcode == 0 for p in procs)
+    entries = at.tuned.load_entries(at.tuned.cache_path(tmp_path, "Fake GPU", "state"))
+    assert len(entries) == 4 * 15
+
+
+def _save_many(cache_dir, writer):
+    from pathlib import Path
+
+    from gdnbench import tuned
+
+    for i in range(15):
+        key = {"gpu": "Fake GPU", "compute_capability": "9.0", "triton": "3.6.0", "source_hash": "sha256:x",
+               "shape_key": f"w{writer}_s{i}", "variant": "plain"}
+        tuned.save_entry(Path(cache_dir), {"key": key, "kernel": "state", "best": None})

@@ -58,6 +58,22 @@ def test_standard_pairs_follow_the_rows():
     assert not any("helion" in p for p in pairs)
 
 
+def test_tuned_over_default_pairs_when_both_gdnbench_backends_ran():
+    rows = ROWS + [row("a", "gdnbench-default", "explicit", 250, 125), row("a", "gdnbench-default", "fused_qk", 110, 60)]
+    pairs = rep.standard_pairs(doc(rows))
+    assert "gdnbench:explicit/gdnbench-default:explicit" in pairs and "gdnbench:best/gdnbench-default:best" in pairs
+    g = rep.geomean(doc(rows), "gdnbench:best/gdnbench-default:best", "gpu")
+    assert g.count == 1 and g.value == pytest.approx(50 / 60)
+    assert "gdnbench-default" not in " ".join(rep.standard_pairs(doc(ROWS)))
+
+
+def test_default_backend_ignores_the_tuning_cache():
+    from gdnbench.backends import get
+
+    b = get("gdnbench-default")
+    assert b.name == "gdnbench-default" and b.config_label(None, "flag", "cuda") == "default"
+
+
 def test_tables_and_markdown():
     tables = rep.report_tables(doc(ROWS))
     titles = [t.title for t in tables]

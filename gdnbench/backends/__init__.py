@@ -24,6 +24,12 @@ def _gdnbench():
     return GdnbenchBackend()
 
 
+def _gdnbench_default():
+    from .gdnbench import GdnbenchDefaultBackend
+
+    return GdnbenchDefaultBackend()
+
+
 def _helion():
     from .helion import HelionBackend
 
@@ -44,6 +50,7 @@ def _flashinfer():
 
 REGISTRY = {
     "gdnbench": _gdnbench,
+    "gdnbench-default": _gdnbench_default,
     "fla": _fla,
     "helion": _helion,
     "helion-linear": _helion_linear,

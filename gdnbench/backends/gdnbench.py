@@ -88,3 +88,13 @@ class GdnbenchBackend(Backend):
             def call():
                 return op(q, k, v, g, beta, norm=route, **kw)
         return call
+
+
+class GdnbenchDefaultBackend(GdnbenchBackend):
+    """Our kernels with the built-in default configs even where the autotune cache holds a winner:
+    run beside `gdnbench` it measures the whole forward's tuned / default ratio in one file."""
+
+    name = "gdnbench-default"
+
+    def _config(self, shape, route, device):
+        return None, "default"
