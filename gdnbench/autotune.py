@@ -239,8 +239,9 @@ class _Run:
 
 def search(space: Space, evaluate: Evaluate, budget_s: float = DEFAULT_BUDGET_S,
            exhaustive_max: int = EXHAUSTIVE_MAX, min_gain: float = MIN_GAIN, on_result=None,
-           max_rounds: int = MAX_ROUNDS, batch: int = 32) -> SearchResult:
-    """Search ``space`` with ``evaluate``: exhaustive when small, else coordinate descent."""
+           max_rounds: int = MAX_ROUNDS, batch: int = 32, seeds: list[Point] = ()) -> SearchResult:
+    """Search ``space`` with ``evaluate``: exhaustive when small, else coordinate descent (from the
+    fastest of the default and the valid ``seeds``)."""
     valid = space.valid_points()
     if len(valid) <= exhaustive_max:
         out = SearchResult("exhaustive", "done")
@@ -254,19 +255,29 @@ def search(space: Space, evaluate: Evaluate, budget_s: float = DEFAULT_BUDGET_S,
         out.default = run.get(space.start)
         out.rounds = 1
         return out
-    return coordinate_descent(space, evaluate, budget_s, min_gain, on_result, max_rounds)
+    return coordinate_descent(space, evaluate, budget_s, min_gain, on_result, max_rounds, seeds)
 
 
 def coordinate_descent(space: Space, evaluate: Evaluate, budget_s: float, min_gain: float = MIN_GAIN,
-                       on_result=None, max_rounds: int = MAX_ROUNDS) -> SearchResult:
-    """Start at the default; per dimension, try all its values with the others fixed and move to
-    the fastest when it beats the best by more than min_gain; repeat until a pass moves nothing."""
+                       on_result=None, max_rounds: int = MAX_ROUNDS, seeds: list[Point] = ()) -> SearchResult:
+    """Start at the fastest of the default and the seeds; per dimension, try all its values with the
+    others fixed and move to the fastest when it beats the best by more than min_gain; repeat until a
+    pass moves nothing.
+
+    Seeds are other searches' winners (see :func:`seed_points`): fuse_k variants compile several
+    times slower than plain ones, and a 15 s budget stopped them after their first dimension on the
+    H200 (GDN gram fuse_k kept its 208 µs default where plain moved to 123 µs with 1 warp)."""
     out = SearchResult("coordinate_descent", "max_rounds")
     run = _Run(space, evaluate, out, on_result)
-    cur = dict(space.start)
-    run([cur])
-    out.default = run.get(cur)
-    best = out.default if is_ok(out.default) else None
+    first = [dict(space.start)]
+    for p in seeds:
+        if p not in first and set(p) == set(space.start) and space.is_valid(p):
+            first.append({name: p[name] for name, _ in space.dims})
+    run(first)
+    out.default = run.get(first[0])
+    ok = [r for r in map(run.get, first) if is_ok(r)]
+    best = min(ok, key=lambda r: r["time_us"]) if ok else None
+    cur = dict(best["config"]) if best else dict(space.start)
     for rnd in range(1, max_rounds + 1):
         out.rounds = rnd
         moved = False
@@ -851,6 +862,7 @@ class TuneOptions:
     cache_dir: Path = tuned.TUNED_DIR
     retune: bool = False  # search again where a current cache entry exists
     compile_workers: int = 0  # per rank; see CompilePool
+    seeds: bool = True  # start coordinate descent from the fastest of the default and seed_points()
 
 
 def make_entry(env: dict, task: Task, shape, set_name: str, space: Space, res: SearchResult, opts: TuneOptions) -> dict:
@@ -932,6 +944,8 @@ def _tune_one(client, env, task: Task, shape, set_path: str, opts: TuneOptions, 
     space = build_space(task.kernel, shape.K, shape.V, shape.dtype, shape.family)
     on_event("search", {"task": task, "shape": shape, "estimate": space.pass_size()})
     one_by_one = per_candidate(lambda p: client.evaluate(task.kernel, task.route, p))
+    seeds = dist.all_gather(seed_points(opts.cache_dir, env, task, shape) if opts.seeds and dist.rank == 0
+                            else None)[0] or []
 
     def local(points):
         t = time.monotonic()
@@ -942,12 +956,44 @@ def _tune_one(client, env, task: Task, shape, set_path: str, opts: TuneOptions, 
 
     evaluate = local if dist.world == 1 else sharded(local, dist)
     res = search(space, evaluate, opts.budget_s, opts.exhaustive_max, opts.min_gain,
-                 on_result=lambda r: on_event("result", {"task": task, "shape": shape, "result": r}))
+                 on_result=lambda r: on_event("result", {"task": task, "shape": shape, "result": r}), seeds=seeds)
     entry = make_entry(env, task, shape, Path(set_path).stem, space, res, opts)
+    entry["search"]["seeds"] = seeds
     path = tuned.save_entry(opts.cache_dir, entry) if dist.rank == 0 else None
     on_event("entry", {"task": task, "shape": shape, "entry": entry, "path": path,
                        "seconds": time.monotonic() - t0})
     return entry
+
+
+# ----------------------------------------------------------------------------- seeds
+MAX_SEEDS = 6
+
+
+def seed_points(cache_dir: Path, env: dict, task: Task, shape, limit: int = MAX_SEEDS) -> list[Point]:
+    """Distinct best configs of the same kernel's current cache entries on this machine for shapes of the
+    same family, head sizes and dtype: this shape's other variants first, then other shapes. The pool
+    compiles them with the default in one batch, so they cost one compile wave."""
+    want = tuned.entry_key(env, task.kernel, shape, task.variant)
+    prefix = f"{shape.family}_K{shape.K}_V{shape.V}_"
+    same, other = [], []
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", tuned.StaleEntry)
+        entries = tuned.load_entries(tuned.cache_path(cache_dir, want["gpu"] or "unknown", task.kernel))
+    for e in entries:
+        key = e.get("key", {})
+        if any(key.get(k) != want[k] for k in ("gpu", "compute_capability", "triton", "source_hash")):
+            continue
+        sk = key.get("shape_key", "")
+        if not sk.startswith(prefix) or f"_{shape.dtype}_" not in sk or not has_winner(e):
+            continue
+        if sk == want["shape_key"] and key.get("variant") == task.variant:
+            continue  # this very search
+        (same if sk == want["shape_key"] else other).append(e["best"]["config"])
+    out: list[Point] = []
+    for p in same + other:
+        if p not in out:
+            out.append(p)
+    return out[:limit]
 
 
 # ----------------------------------------------------------------------------- resume

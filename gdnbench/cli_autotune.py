@@ -112,7 +112,9 @@ def _argv(opts: dict) -> list[str]:
     out = []
     for name, value in opts.items():
         flag = "--" + name.replace("_", "-")
-        if isinstance(value, bool):
+        if name == "seeds":  # on by default: only its negation travels
+            out += [] if value else ["--no-seeds"]
+        elif isinstance(value, bool):
             out += [flag] if value else []
         elif value is not None:
             out += [flag, str(value)]
@@ -236,6 +238,9 @@ def register(app: typer.Typer) -> None:
         compile_workers: Optional[int] = typer.Option(None, help="Processes per GPU compiling a batch of "
                                                       "candidates in parallel before it is timed (default: the "
                                                       "node's cores per GPU less 2, at most 8; 0 on the CPU)."),
+        seeds: bool = typer.Option(True, "--seeds/--no-seeds", help="Start coordinate descent from the fastest of "
+                                   "the default and up to 6 cached winners of the same kernel (this shape's "
+                                   "other variants, then other shapes of the family)."),
         report: bool = typer.Option(False, "--report", help="Print the cache's default vs tuned table; tune nothing."),
         plot: Optional[Path] = typer.Option(None, "--plot", help="With --report: write a time-vs-maxnreg chart "
                                              "per cache entry into this folder."),
@@ -288,12 +293,12 @@ def register(app: typer.Typer) -> None:
                         family=fam, kernels=",".join(kernel_l), routes=",".join(route_l), budget=budget,
                         device=dev, cache_dir=cache_dir, exhaustive_max=exhaustive_max, min_gain=min_gain,
                         check_tokens=check_tokens, warmup=warmup, rounds=rounds, iters=iters, timeout=timeout,
-                        retune=retune, compile_workers=compile_workers)
+                        retune=retune, compile_workers=compile_workers, seeds=seeds)
             _relaunch(_argv(opts), nproc_per_node, started)
         opts = at.TuneOptions(device=dev, budget_s=budget, exhaustive_max=exhaustive_max, min_gain=min_gain,
                               check_tokens=check_tokens or (8192 if dev == "cuda" else 1024), warmup=warmup,
                               rounds=rounds, iters=iters, timeout_s=timeout,
-                              cache_dir=cache_dir or at.tuned.TUNED_DIR, retune=retune)
+                              cache_dir=cache_dir or at.tuned.TUNED_DIR, retune=retune, seeds=seeds)
         dist = at.torch_dist()
         opts.compile_workers = (at.default_compile_workers(dev, dist.world) if compile_workers is None
                                 else compile_workers)

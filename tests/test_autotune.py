@@ -130,6 +130,48 @@ def test_coordinate_descent_finds_optimum_of_separable_function():
     assert len(calls) == len({at.point_key(p) for p in calls}) < 5 * 3 * 4  # no point twice, fewer than all
 
 
+def test_descent_starts_from_the_fastest_seed_and_keeps_the_default_as_default():
+    evaluate, calls = _fake(lambda p: {"status": "ok", "reason": "", "time_us": _cost(p)})
+    seeds = [{"c": 128, "a": 3, "b": 30}, {"a": 0, "b": 10, "c": None}, {"a": 9, "b": 10, "c": None}]
+    res = at.search(_separable_space(lambda p: p["a"] < 5), evaluate, budget_s=1e9, exhaustive_max=10,
+                    min_gain=0.0, seeds=seeds)
+    # one batch: the default, then the valid seed (in dimension order); the duplicate and the invalid one dropped
+    assert calls[:2] == [{"a": 0, "b": 10, "c": None}, {"a": 3, "b": 30, "c": 128}]
+    assert list(calls[1]) == ["a", "b", "c"]
+    assert res.default["config"] == {"a": 0, "b": 10, "c": None}
+    assert res.best["config"] == {"a": 3, "b": 20, "c": 128}
+    # from the seed, one pass finds the optimum: fewer evaluations than from the default
+    ev2, calls2 = _fake(lambda p: {"status": "ok", "reason": "", "time_us": _cost(p)})
+    at.search(_separable_space(lambda p: p["a"] < 5), ev2, budget_s=1e9, exhaustive_max=10, min_gain=0.0)
+    assert len(calls) < len(calls2)
+
+
+def test_seed_points_come_from_current_entries_of_the_same_kernel_and_family(tmp_path):
+    from gdnbench import shapes as shp
+
+    env = {"gpu": "Fake GPU", "compute_capability": "9.0", "triton": "3.6.0"}
+    ss = shp.load("gdn-qwen6")
+    a, b = ss.get("h16_hv32_fixed8k"), ss.get("h16_hv64_fixed8k")
+    kda = shp.load("kda-legacy6").get("h96_fixed")
+    task = at.Task("gram", "fuse_k", "fused_qk", "gdn")
+
+    def save(shape, variant, cfg, source=None, family_kernel="gram"):
+        key = at.tuned.entry_key(env, family_kernel, shape, variant)
+        if source:
+            key["source_hash"] = source
+        at.tuned.save_entry(tmp_path, {"key": key, "kernel": family_kernel, "best": {"config": cfg, "time_us": 1.0}})
+
+    p1 = {"BK": 64, "num_warps": 1, "num_stages": 3, "maxnreg": 168}
+    p2 = {"BK": 32, "num_warps": 1, "num_stages": 2, "maxnreg": None}
+    save(b, "plain", p2)                       # another shape of the family
+    save(a, "plain", p1)                       # this shape, another variant: first
+    save(a, "fuse_k", {"BK": 16, "num_warps": 8, "num_stages": 1, "maxnreg": None})  # this very search: never
+    save(b, "fuse_k", {"BK": 128, "num_warps": 2, "num_stages": 1, "maxnreg": None}, source="sha256:old")  # stale
+    save(kda, "plain", {"BK": 16, "num_warps": 4, "num_stages": 4, "maxnreg": None})  # other family
+    assert at.seed_points(tmp_path, env, task, a) == [p1, p2]
+    assert at.seed_points(tmp_path, env, task, a, limit=1) == [p1]
+
+
 def test_exhaustive_when_small_and_budget_stops_descent():
     evaluate, calls = _fake(lambda p: {"status": "ok", "reason": "", "time_us": _cost(p)})
     res = at.search(_separable_space(), evaluate, budget_s=1e9, exhaustive_max=100)
@@ -193,6 +235,10 @@ def test_sharded_evaluator_merges_in_batch_order():
 def test_relaunch_command_uses_torchrun():
     from gdnbench.cli_autotune import relaunch_command
 
+    from gdnbench.cli_autotune import _argv
+
+    assert _argv({"seeds": True, "retune": False, "budget": 5.0}) == ["--budget", "5.0"]
+    assert _argv({"seeds": False, "retune": True}) == ["--no-seeds", "--retune"]
     cmd = relaunch_command(["--budget", "5"], 4)
     assert cmd[1:5] == ["-m", "gdnbench.cli_autotune", "torchrun", "--standalone"] and "--nproc-per-node=4" in cmd
     assert cmd[-3:] == ["autotune", "--budget", "5"]
