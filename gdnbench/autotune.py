@@ -34,9 +34,14 @@ Families. A shape's family picks its kernels (KDA runs kda_intra where GDN runs 
 the others with per-channel gates), their specializations (:func:`gdnbench.tuned.variant_of`), its
 default config and validity rules, and its cache key; so each task is planned for one family.
 
-Scale-out. Under torchrun every rank runs the same search in lockstep; each batch of points is
-split round-robin by index (:func:`shard`), each rank evaluates its share on its own GPU, and
-the results are all-gathered, so every rank takes the same next step; rank 0 writes the cache.
+Scale-out. Under torchrun the searches are shared out by default (``shard='searches'``): each rank
+runs a contiguous share (:func:`search_share`) on its own GPU with its own compile pool, saves each
+entry as it ends, and all entries are gathered to rank 0 at the end. With ``shard='candidates'`` every
+rank runs the same search in lockstep; each batch of points is split round-robin by index
+(:func:`shard`), each rank evaluates its share, and the results are all-gathered, so every rank takes
+the same next step; rank 0 writes the cache. Candidate sharding scaled poorly once compiles ran in a
+pool: most batches (a dimension's 4-5 values) fit one compile wave on one GPU already (H200 pair,
+wu search: 0.87 s per candidate on 1 GPU, 0.67 on 2).
 
 Resume. Each search's entry is saved as soon as the search ends, so an interrupted sweep keeps
 every finished one; a later run skips a search whose current entry (same GPU, compute capability,
@@ -355,7 +360,10 @@ def torch_dist() -> Dist:
     import torch.distributed as td
 
     if not td.is_initialized():
-        td.init_process_group("gloo")
+        import datetime
+
+        # ranks sharing searches meet only at the end, possibly long after the first one finished
+        td.init_process_group("gloo", timeout=datetime.timedelta(hours=12))
 
     def all_gather(obj):
         out = [None] * world
@@ -863,6 +871,7 @@ class TuneOptions:
     retune: bool = False  # search again where a current cache entry exists
     compile_workers: int = 0  # per rank; see CompilePool
     seeds: bool = True  # start coordinate descent from the fastest of the default and seed_points()
+    shard: str = "searches"  # under torchrun: 'searches' or 'candidates' (see tune())
 
 
 def make_entry(env: dict, task: Task, shape, set_name: str, space: Space, res: SearchResult, opts: TuneOptions) -> dict:
@@ -897,10 +906,15 @@ def make_entry(env: dict, task: Task, shape, set_name: str, space: Space, res: S
 def tune(shapes: list[tuple[str, object]], tasks: list[Task], opts: TuneOptions, dist: Dist = Dist(),
          on_event: Callable[[str, dict], None] = lambda kind, info: None, client_factory=None,
          env: dict | None = None) -> list[dict]:
-    """Run every task of a shape's family on every (shape-set path, shape); rank 0 writes each entry
-    as it finishes. A task whose current cache entry exists is skipped unless ``opts.retune``; rank 0
+    """Run every task of a shape's family on every (shape-set path, shape); each entry is written as
+    its search ends. A task whose current cache entry exists is skipped unless ``opts.retune``; rank 0
     decides for all ranks, from ``env`` (this machine's tuning identity, default
     :func:`device_identity`). A shape whose tasks are all cached starts no worker.
+
+    Under torchrun (``dist.world`` > 1) the work is split by ``opts.shard``: 'searches' (default) gives
+    each rank a contiguous share of the searches, run on its own GPU with its own compile pool and
+    saved by that rank, and gathers every entry to rank 0 at the end (rank 0 returns them all);
+    'candidates' runs each search on all ranks in lockstep, splitting every batch of candidates.
 
     ``on_event(kind, info)`` reports progress: 'cached' (a search skipped, with the reason), 'search'
     (a search starts, with an estimate of its candidates), 'result' (one candidate), 'entry' (a search
@@ -909,33 +923,64 @@ def tune(shapes: list[tuple[str, object]], tasks: list[Task], opts: TuneOptions,
         spec, opts.device, rank_gpu(dist.local_rank) if opts.device == "cuda" else None, opts.timeout_s))
     if env is None and dist.rank == 0 and not opts.retune:
         env = device_identity(opts.device)
-    entries = []
-    for set_path, shape in shapes:
-        mine = [t for t in tasks if t.family == shape.family]
-        if not mine:
-            continue
-        cached = dist.all_gather(cached_tasks(mine, shape, env, opts) if dist.rank == 0 else None)[0]
+    families = [(p, s, [t for t in tasks if t.family == s.family]) for p, s in shapes]
+    families = [f for f in families if f[2]]
+    decided = dist.all_gather([cached_tasks(m, s, env, opts) for _, s, m in families] if dist.rank == 0 else None)[0]
+    plan = []
+    for (set_path, shape, mine), cached in zip(families, decided):
         for i, reason in cached.items():
-            on_event("cached", {"task": mine[i], "shape": shape, "reason": reason})
+            if dist.rank == 0:
+                on_event("cached", {"task": mine[i], "shape": shape, "reason": reason})
         todo = [t for i, t in enumerate(mine) if i not in cached]
-        if not todo:
-            continue
-        spec = {"shape_set": set_path, "shape_id": shape.id, "device": opts.device, "check_tokens": opts.check_tokens,
-                "params": {"warmup": opts.warmup, "rounds": opts.rounds, "iters": opts.iters}}
-        client = factory(spec)
-        pool = CompilePool(spec, opts.compile_workers, factory)
-        try:
-            envs = dist.all_gather(client.ensure_started())
-            if envs[0] is None:
-                on_event("skip", {"shape": shape, "tasks": todo,
-                                  "reason": client.last_error or "worker failed on rank 0"})
-                continue
-            for task in todo:
-                entries.append(_tune_one(client, envs[0], task, shape, set_path, opts, dist, on_event, pool))
-        finally:
-            client.close()
-            pool.close()
+        if todo:
+            plan.append((set_path, shape, todo))
+    if dist.world > 1 and opts.shard == "searches":
+        return _tune_searches_sharded(plan, opts, dist, on_event, factory)
+    entries = []
+    for set_path, shape, todo in plan:
+        entries += _tune_shape(set_path, shape, todo, opts, dist, on_event, factory)
     return entries
+
+
+def search_share(n: int, rank: int, world: int) -> range:
+    """The contiguous share of n searches that ``rank`` runs (contiguous: a rank starts a worker per
+    shape it touches, so it should touch few)."""
+    if world < 1 or not 0 <= rank < world:
+        raise ValueError(f"rank {rank} of world {world}")
+    return range(n * rank // world, n * (rank + 1) // world)
+
+
+def _tune_searches_sharded(plan, opts: TuneOptions, dist: Dist, on_event, factory) -> list[dict]:
+    units = [(k, t) for k, (_, _, todo) in enumerate(plan) for t in todo]
+    mine = [units[i] for i in search_share(len(units), dist.rank, dist.world)]
+    entries: list[dict] = []
+    for k, group in itertools.groupby(mine, key=lambda u: u[0]):
+        set_path, shape, _ = plan[k]
+        entries += _tune_shape(set_path, shape, [t for _, t in group], opts, Dist(), on_event, factory)
+    gathered = dist.all_gather(entries)
+    if dist.rank != 0:
+        return entries
+    for es in gathered[1:]:  # already saved by their ranks where the cache is shared; not across nodes
+        for e in es:
+            tuned.save_entry(opts.cache_dir, e)
+    return [e for es in gathered for e in es]
+
+
+def _tune_shape(set_path: str, shape, todo: list[Task], opts: TuneOptions, dist: Dist, on_event, factory) -> list[dict]:
+    """Run ``todo`` on one shape: one timing worker and one compile pool for all its searches."""
+    spec = {"shape_set": set_path, "shape_id": shape.id, "device": opts.device, "check_tokens": opts.check_tokens,
+            "params": {"warmup": opts.warmup, "rounds": opts.rounds, "iters": opts.iters}}
+    client = factory(spec)
+    pool = CompilePool(spec, opts.compile_workers, factory)
+    try:
+        envs = dist.all_gather(client.ensure_started())
+        if envs[0] is None:
+            on_event("skip", {"shape": shape, "tasks": todo, "reason": client.last_error or "worker failed on rank 0"})
+            return []
+        return [_tune_one(client, envs[0], task, shape, set_path, opts, dist, on_event, pool) for task in todo]
+    finally:
+        client.close()
+        pool.close()
 
 
 def _tune_one(client, env, task: Task, shape, set_path: str, opts: TuneOptions, dist: Dist, on_event,
@@ -1052,6 +1097,11 @@ class Tally:
     failed: int = 0
     written: int = 0
     search_s: float = 0.0
+
+    @staticmethod
+    def sum(tallies: list["Tally"]) -> "Tally":
+        """All ranks' tallies as one (search_s: the ranks' searches added up)."""
+        return Tally(*(sum(getattr(t, f.name) for t in tallies) for f in dataclasses.fields(Tally)))
 
     def count(self, kind: str, info: dict) -> None:
         if kind == "cached":

@@ -198,10 +198,11 @@ def _run_with_progress(shapes, tasks, opts, dist, tally):
         return at.tune(shapes, tasks, opts, dist, on_event)
 
 
-def _summary(tally, wall_s: float) -> str:
+def _summary(tally, wall_s: float, world: int = 1) -> str:
     """The sweep's counts and times (the searches' own time and the command's wall time)."""
+    own = ("(the rest: imports, worker starts, inputs)" if world == 1 else f"(summed over {world} ranks)")
     return (f"searches: {tally.run} run, {tally.skipped} skipped (cached), {tally.failed} failed; "
-            f"wall time {wall_s:.1f} s, searches {tally.search_s:.1f} s (the rest: imports, worker starts, inputs)")
+            f"wall time {wall_s:.1f} s, searches {tally.search_s:.1f} s {own}")
 
 
 def register(app: typer.Typer) -> None:
@@ -235,6 +236,8 @@ def register(app: typer.Typer) -> None:
         check_tokens: Optional[int] = typer.Option(None, help="Gate input length cap (default 8192; 1024 on CPU)."),
         warmup: int = typer.Option(5), rounds: int = typer.Option(3), iters: int = typer.Option(20),
         timeout: float = typer.Option(600.0, help="Seconds one candidate may take before its worker is killed."),
+        shard: str = typer.Option("searches", help="With --nproc-per-node > 1: share out whole searches "
+                                  "(each GPU runs its own) or the candidates of each search (lockstep)."),
         compile_workers: Optional[int] = typer.Option(None, help="Processes per GPU compiling a batch of "
                                                       "candidates in parallel before it is timed (default: the "
                                                       "node's cores per GPU less 2, at most 8; 0 on the CPU)."),
@@ -257,6 +260,8 @@ def register(app: typer.Typer) -> None:
             fam = _pick([family], ("gdn", "kda", "all"), "--family")[0]
             kernel_l = _pick(kernels, _known_kernels(), "--kernels")
             route_l = _pick(routes, _known_routes(), "--routes")
+            if shard not in ("searches", "candidates"):
+                raise _Bad(f"--shard {shard!r}: use searches or candidates")
             for name, val, low in (("--budget", budget, 0), ("--min-gain", min_gain, 0)):
                 if not val >= low:
                     raise _Bad(f"{name} {val}: must be ≥ {low}")
@@ -293,12 +298,13 @@ def register(app: typer.Typer) -> None:
                         family=fam, kernels=",".join(kernel_l), routes=",".join(route_l), budget=budget,
                         device=dev, cache_dir=cache_dir, exhaustive_max=exhaustive_max, min_gain=min_gain,
                         check_tokens=check_tokens, warmup=warmup, rounds=rounds, iters=iters, timeout=timeout,
-                        retune=retune, compile_workers=compile_workers, seeds=seeds)
+                        retune=retune, compile_workers=compile_workers, seeds=seeds, shard=shard)
             _relaunch(_argv(opts), nproc_per_node, started)
         opts = at.TuneOptions(device=dev, budget_s=budget, exhaustive_max=exhaustive_max, min_gain=min_gain,
                               check_tokens=check_tokens or (8192 if dev == "cuda" else 1024), warmup=warmup,
                               rounds=rounds, iters=iters, timeout_s=timeout,
-                              cache_dir=cache_dir or at.tuned.TUNED_DIR, retune=retune, seeds=seeds)
+                              cache_dir=cache_dir or at.tuned.TUNED_DIR, retune=retune, seeds=seeds,
+                              shard=shard)
         dist = at.torch_dist()
         opts.compile_workers = (at.default_compile_workers(dev, dist.world) if compile_workers is None
                                 else compile_workers)
@@ -307,13 +313,17 @@ def register(app: typer.Typer) -> None:
             entries = _run_with_progress(at.unique_shapes_pairs(pairs), tasks, opts, dist, tally)
         except KeyboardInterrupt:
             if dist.rank == 0:
-                _fail(f"interrupted: {tally.written} finished search(es) saved under {opts.cache_dir} "
+                who = " by rank 0 (every rank saves its own)" if dist.world > 1 and opts.shard == "searches" else ""
+                _fail(f"interrupted: {tally.written} finished search(es) saved under {opts.cache_dir}{who} "
                       f"({tally.skipped} skipped as cached); run the same command again to resume", EXIT_INTERRUPTED)
             raise typer.Exit(EXIT_INTERRUPTED)
+        tallies = dist.all_gather(tally)
         if dist.rank == 0:
+            total = at.Tally.sum(tallies)
             console.print(f"{len(entries)} searches written under {opts.cache_dir}")
-            console.print(_summary(tally, time.monotonic() - started)
-                          + f"; {dist.world} GPU(s), {opts.compile_workers} compile workers per GPU", highlight=False)
+            console.print(_summary(total, time.monotonic() - started, dist.world)
+                          + (f"; {dist.world} ranks sharing {opts.shard}" if dist.world > 1 else "; 1 rank") + ", "
+                          f"{opts.compile_workers} compile workers per GPU", highlight=False)
 
 
 def _report(cache_dir: Optional[Path], plot_dir: Optional[Path]) -> None:

@@ -736,3 +736,87 @@ def _save_many(cache_dir, writer):
         key = {"gpu": "Fake GPU", "compute_capability": "9.0", "triton": "3.6.0", "source_hash": "sha256:x",
                "shape_key": f"w{writer}_s{i}", "variant": "plain"}
         tuned.save_entry(Path(cache_dir), {"key": key, "kernel": "state", "best": None})
+
+
+def test_search_share_is_contiguous_disjoint_and_covering():
+    for n, world in ((10, 3), (2, 4), (92, 2), (0, 2)):
+        shares = [at.search_share(n, r, world) for r in range(world)]
+        assert [i for s in shares for i in s] == list(range(n))
+        assert max(map(len, shares)) - min(map(len, shares)) <= 1
+    with pytest.raises(ValueError):
+        at.search_share(4, 2, 2)
+
+
+def _thread_ranks(world, fn):
+    """Run fn(dist) on ``world`` threads whose Dist.all_gather meets at a barrier: [return values]."""
+    import threading
+
+    slots, barrier, out = [None] * world, threading.Barrier(world, timeout=60), [None] * world
+
+    def gather(rank):
+        def all_gather(obj):
+            slots[rank] = obj
+            barrier.wait()
+            got = list(slots)
+            barrier.wait()
+            return got
+        return all_gather
+
+    def run(rank):
+        out[rank] = fn(at.Dist(rank, world, rank, gather(rank)))
+
+    threads = [threading.Thread(target=run, args=(r,)) for r in range(world)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(120)
+    return out
+
+
+def test_two_ranks_share_out_searches_and_rank_0_gets_every_entry(tmp_path):
+    pairs = _smoke_pairs("gdn_fixed_b2", "gdn_packed_gva3")
+    tasks = at.plan_tasks(["flag"], ["gram", "state", "output"])
+    started = {0: [], 1: []}
+    searched = {0: [], 1: []}
+
+    def rank_main(dist):
+        opts = at.TuneOptions(device="cpu", budget_s=0, cache_dir=tmp_path, shard="searches")
+        on_event = lambda kind, info: kind == "entry" and searched[dist.rank].append(  # noqa: E731
+            (info["shape"].id, info["task"].kernel))
+        return at.tune(pairs, tasks, opts, dist, on_event=on_event, env=ENV if dist.rank == 0 else None,
+                       client_factory=lambda spec: _FakeWorker(spec, started=started[dist.rank]))
+
+    out = _thread_ranks(2, rank_main)
+    # six searches: the first three (shape 1) on rank 0, the last three (shape 2) on rank 1
+    assert searched[0] == [("gdn_fixed_b2", k) for k in ("gram", "state", "output")]
+    assert searched[1] == [("gdn_packed_gva3", k) for k in ("gram", "state", "output")]
+    assert started == {0: ["gdn_fixed_b2"], 1: ["gdn_packed_gva3"]}  # one worker per rank
+    assert len(out[0]) == 6 and len(out[1]) == 3
+    saved = sum(len(tuned.load_entries(p)) for p in tmp_path.glob("*/*.json"))
+    assert saved == 6
+
+
+def test_two_ranks_in_candidate_mode_run_every_search_in_lockstep(tmp_path):
+    pairs = _smoke_pairs("gdn_fixed_b2")
+    tasks = at.plan_tasks(["flag"], ["state", "output"])
+    seen = {0: 0, 1: 0}
+
+    class Counting(_FakeWorker):
+        def evaluate(self, kernel, route, point):
+            seen[self.rank] += 1
+            return super().evaluate(kernel, route, point)
+
+    def rank_main(dist):
+        opts = at.TuneOptions(device="cpu", budget_s=1e9, cache_dir=tmp_path, shard="candidates")
+
+        def factory(spec):
+            w = Counting(spec)
+            w.rank = dist.rank
+            return w
+        return at.tune(pairs, tasks, opts, dist, env=ENV if dist.rank == 0 else None, client_factory=factory)
+
+    out = _thread_ranks(2, rank_main)
+    assert len(out[0]) == len(out[1]) == 2  # both ranks ran both searches
+    # every candidate evaluated once, on one of the two ranks, about half each
+    assert sum(e["search"]["evaluated"] for e in out[0]) == seen[0] + seen[1]
+    assert seen[0] > 0 and seen[1] > 0 and abs(seen[0] - seen[1]) <= 10
