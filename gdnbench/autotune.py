@@ -1012,26 +1012,36 @@ def _tune_one(client, env, task: Task, shape, set_path: str, opts: TuneOptions, 
 
 # ----------------------------------------------------------------------------- seeds
 MAX_SEEDS = 6
+# kernels whose winners seed each other's searches (same config fields): the output kernel with and
+# without the fused norm (KDA's output_fused kept its GDN-derived default, BK 32 / 3 stages / cap 168,
+# 264 B of stack offline, while the plain output kernel won at BK 128 / 2 stages / no cap)
+SEED_KERNELS = {"output": ("output", "output_fused"), "output_fused": ("output_fused", "output")}
 
 
 def seed_points(cache_dir: Path, env: dict, task: Task, shape, limit: int = MAX_SEEDS) -> list[Point]:
-    """Distinct best configs of the same kernel's current cache entries on this machine for shapes of the
-    same family, head sizes and dtype: this shape's other variants first, then other shapes. The pool
-    compiles them with the default in one batch, so they cost one compile wave."""
+    """Distinct best configs of the same kernel's current cache entries on this machine (and of its
+    SEED_KERNELS partner) for shapes of the same family, head sizes and dtype: this shape's other
+    variants first, then other shapes. The pool compiles them with the default in one batch, so they
+    cost one compile wave."""
     want = tuned.entry_key(env, task.kernel, shape, task.variant)
     prefix = f"{shape.family}_K{shape.K}_V{shape.V}_"
     same, other = [], []
+    entries = []
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", tuned.StaleEntry)
-        entries = tuned.load_entries(tuned.cache_path(cache_dir, want["gpu"] or "unknown", task.kernel))
-    for e in entries:
+        for kernel in SEED_KERNELS.get(task.kernel, (task.kernel,)):
+            entries += [(kernel, e) for e in tuned.load_entries(tuned.cache_path(cache_dir, want["gpu"] or "unknown",
+                                                                                 kernel))]
+    for kernel, e in entries:
         key = e.get("key", {})
-        if any(key.get(k) != want[k] for k in ("gpu", "compute_capability", "triton", "source_hash")):
+        if any(key.get(k) != want[k] for k in ("gpu", "compute_capability", "triton")):
+            continue
+        if key.get("source_hash") != tuned.source_hash(kernel):
             continue
         sk = key.get("shape_key", "")
         if not sk.startswith(prefix) or f"_{shape.dtype}_" not in sk or not has_winner(e):
             continue
-        if sk == want["shape_key"] and key.get("variant") == task.variant:
+        if sk == want["shape_key"] and key.get("variant") == task.variant and kernel == task.kernel:
             continue  # this very search
         (same if sk == want["shape_key"] else other).append(e["best"]["config"])
     out: list[Point] = []

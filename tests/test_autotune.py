@@ -170,6 +170,11 @@ def test_seed_points_come_from_current_entries_of_the_same_kernel_and_family(tmp
     save(kda, "plain", {"BK": 16, "num_warps": 4, "num_stages": 4, "maxnreg": None})  # other family
     assert at.seed_points(tmp_path, env, task, a) == [p1, p2]
     assert at.seed_points(tmp_path, env, task, a, limit=1) == [p1]
+    # the output kernels seed each other
+    p3 = {"BK": 128, "BV": 128, "num_warps": 4, "num_stages": 2, "maxnreg": None}
+    save(a, "plain", p3, family_kernel="output")
+    fused = at.Task("output_fused", "fused_q", "fused_q", "gdn")
+    assert at.seed_points(tmp_path, env, fused, a) == [p3]
 
 
 def test_exhaustive_when_small_and_budget_stops_descent():
