@@ -928,9 +928,8 @@ def tune(shapes: list[tuple[str, object]], tasks: list[Task], opts: TuneOptions,
     decided = dist.all_gather([cached_tasks(m, s, env, opts) for _, s, m in families] if dist.rank == 0 else None)[0]
     plan = []
     for (set_path, shape, mine), cached in zip(families, decided):
-        for i, reason in cached.items():
-            if dist.rank == 0:
-                on_event("cached", {"task": mine[i], "shape": shape, "reason": reason})
+        for i, reason in cached.items() if dist.rank == 0 else ():
+            on_event("cached", {"task": mine[i], "shape": shape, "reason": reason})
         todo = [t for i, t in enumerate(mine) if i not in cached]
         if todo:
             plan.append((set_path, shape, todo))

@@ -262,14 +262,14 @@ def register(app: typer.Typer) -> None:
             route_l = _pick(routes, _known_routes(), "--routes")
             if shard not in ("searches", "candidates"):
                 raise _Bad(f"--shard {shard!r}: use searches or candidates")
-            for name, val, low in (("--budget", budget, 0), ("--min-gain", min_gain, 0)):
+            lows = (("--budget", budget, 0), ("--min-gain", min_gain, 0), ("--compile-workers", compile_workers, 0))
+            for name, val, low in ((n, v, lo) for n, v, lo in lows if v is not None):
                 if not val >= low:
                     raise _Bad(f"{name} {val}: must be ≥ {low}")
             for name, val in (("--nproc-per-node", nproc_per_node), ("--exhaustive-max", exhaustive_max + 1),
-                              ("--rounds", rounds), ("--iters", iters), ("--warmup", warmup + 1),
-                              ("--compile-workers", 1 if compile_workers is None else compile_workers + 1)):
+                              ("--rounds", rounds), ("--iters", iters), ("--warmup", warmup + 1)):
                 if val < 1:
-                    raise _Bad(f"{name}: must be at least {0 if name in ('--exhaustive-max', '--compile-workers') else 1}")
+                    raise _Bad(f"{name}: must be at least {1 if name != '--exhaustive-max' else 0}")
             dev = _resolve_device(device, dry_run)
             set_names = _split(shapes) or list(DEFAULT_SETS[fam])
             pairs = select_shapes(set_names, _split(shape_ids), fam)

@@ -418,6 +418,8 @@ def test_dry_run_cli_prints_dimensions_and_counts():
     (["--shapes", "no-such-set"], "no shape set 'no-such-set'"),
     (["--device", "tpu"], "--device"),
     (["--nproc-per-node", "0"], "--nproc-per-node"),
+    (["--compile-workers", "-1"], "--compile-workers -1: must be ≥ 0"),
+    (["--shard", "rows"], "--shard 'rows'"),
 ])
 def test_bad_input_is_one_line_exit_2(args, words):
     r = CliRunner().invoke(_app(), ["autotune", "--dry-run", *args], env={"COLUMNS": "200"})
