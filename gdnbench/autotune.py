@@ -35,8 +35,12 @@ the others with per-channel gates), their specializations (:func:`gdnbench.tuned
 default config and validity rules, and its cache key; so each task is planned for one family.
 
 Scale-out. Under torchrun the searches are shared out by default (``shard='searches'``): each rank
-runs a contiguous share (:func:`search_share`) on its own GPU with its own compile pool, saves each
-entry as it ends, and all entries are gathered to rank 0 at the end. With ``shard='candidates'`` every
+claims one search at a time (:func:`claim_searches`, an atomic counter per shape in torchrun's store,
+so a rank that drew short searches takes more, and a rank stays on one shape, with its worker, while
+that shape has searches left), runs it on its own GPU with its own compile pool, saves each entry as
+it ends, and all entries are gathered to rank 0 at the end. A fixed share per rank would leave ranks
+idle, since search lengths vary: on the H200 a kda_intra compile wave took ~20 s, while an l2norm search
+evaluated 1-7 candidates. With ``shard='candidates'`` every
 rank runs the same search in lockstep; each batch of points is split round-robin by index
 (:func:`shard`), each rank evaluates its share, and the results are all-gathered, so every rank takes
 the same next step; rank 0 writes the cache. Candidate sharding scaled poorly once compiles ran in a
@@ -327,14 +331,30 @@ def per_candidate(fn: Callable[[Point], dict]) -> Evaluate:
     return evaluate
 
 
+def local_counters() -> Callable[[str, int], int]:
+    """fetch_add(key, n) -> the key's count after adding n, for one process (threads share it)."""
+    import threading
+
+    counts: dict[str, int] = {}
+    lock = threading.Lock()
+
+    def fetch_add(key: str, n: int) -> int:
+        with lock:
+            counts[key] = counts.get(key, 0) + n
+            return counts[key]
+    return fetch_add
+
+
 @dataclass
 class Dist:
-    """This process's place among torchrun ranks; all_gather(obj) returns every rank's obj."""
+    """This process's place among torchrun ranks; all_gather(obj) returns every rank's obj;
+    fetch_add(key, n) adds n to a counter every rank sees (torchrun's store) and returns its new value."""
 
     rank: int = 0
     world: int = 1
     local_rank: int = 0
     all_gather: Callable[[object], list] = lambda obj: [obj]
+    fetch_add: Callable[[str, int], int] = field(default_factory=local_counters)
 
 
 def sharded(local: Evaluate, dist: Dist) -> Evaluate:
@@ -370,7 +390,9 @@ def torch_dist() -> Dist:
         td.all_gather_object(out, obj)
         return out
 
-    return Dist(td.get_rank(), world, int(os.environ.get("LOCAL_RANK", "0")), all_gather)
+    store = td.distributed_c10d._get_default_store()
+    return Dist(td.get_rank(), world, int(os.environ.get("LOCAL_RANK", "0")), all_gather,
+                lambda key, n: int(store.add(key, n)))
 
 
 # ----------------------------------------------------------------------------- tasks
@@ -911,9 +933,9 @@ def tune(shapes: list[tuple[str, object]], tasks: list[Task], opts: TuneOptions,
     decides for all ranks, from ``env`` (this machine's tuning identity, default
     :func:`device_identity`). A shape whose tasks are all cached starts no worker.
 
-    Under torchrun (``dist.world`` > 1) the work is split by ``opts.shard``: 'searches' (default) gives
-    each rank a contiguous share of the searches, run on its own GPU with its own compile pool and
-    saved by that rank, and gathers every entry to rank 0 at the end (rank 0 returns them all);
+    Under torchrun (``dist.world`` > 1) the work is split by ``opts.shard``: 'searches' (default) lets
+    each rank claim searches one at a time (:func:`claim_searches`), run on its own GPU with its own
+    compile pool and saved by that rank, and gathers every entry to rank 0 at the end (rank 0 returns them all);
     'candidates' runs each search on all ranks in lockstep, splitting every batch of candidates.
 
     ``on_event(kind, info)`` reports progress: 'cached' (a search skipped, with the reason), 'search'
@@ -941,21 +963,34 @@ def tune(shapes: list[tuple[str, object]], tasks: list[Task], opts: TuneOptions,
     return entries
 
 
-def search_share(n: int, rank: int, world: int) -> range:
-    """The contiguous share of n searches that ``rank`` runs (contiguous: a rank starts a worker per
-    shape it touches, so it should touch few)."""
-    if world < 1 or not 0 <= rank < world:
-        raise ValueError(f"rank {rank} of world {world}")
-    return range(n * rank // world, n * (rank + 1) // world)
+def claim_searches(sizes: list[int], dist: Dist, tag: str):
+    """Yield (shape index, search index) pairs for this rank to run, claimed one at a time from a
+    counter per shape (``dist.fetch_add``), so every search runs exactly once over all ranks.
+
+    Rank r starts on shape r * n // world and stays on a shape while it has searches left (its
+    worker and compiled kernels are reused); then it moves to the shape with the most left."""
+    n = len(sizes)
+    if n == 0:
+        return
+    k = dist.rank * n // dist.world
+    while True:
+        i = dist.fetch_add(f"{tag}/{k}", 1) - 1
+        if i < sizes[k]:
+            yield k, i
+            continue
+        left = [sizes[j] - dist.fetch_add(f"{tag}/{j}", 0) for j in range(n)]
+        k = max(range(n), key=lambda j: left[j])
+        if left[k] <= 0:
+            return
 
 
 def _tune_searches_sharded(plan, opts: TuneOptions, dist: Dist, on_event, factory) -> list[dict]:
-    units = [(k, t) for k, (_, _, todo) in enumerate(plan) for t in todo]
-    mine = [units[i] for i in search_share(len(units), dist.rank, dist.world)]
+    tag = "gdnbench-searches/" + dist.all_gather(os.urandom(8).hex() if dist.rank == 0 else None)[0]
+    claimed = claim_searches([len(todo) for _, _, todo in plan], dist, tag)
     entries: list[dict] = []
-    for k, group in itertools.groupby(mine, key=lambda u: u[0]):
-        set_path, shape, _ = plan[k]
-        entries += _tune_shape(set_path, shape, [t for _, t in group], opts, Dist(), on_event, factory)
+    for k, group in itertools.groupby(claimed, key=lambda u: u[0]):
+        set_path, shape, todo = plan[k]
+        entries += _tune_shape(set_path, shape, (todo[i] for _, i in group), opts, Dist(), on_event, factory)
     gathered = dist.all_gather(entries)
     if dist.rank != 0:
         return entries
@@ -965,8 +1000,9 @@ def _tune_searches_sharded(plan, opts: TuneOptions, dist: Dist, on_event, factor
     return [e for es in gathered for e in es]
 
 
-def _tune_shape(set_path: str, shape, todo: list[Task], opts: TuneOptions, dist: Dist, on_event, factory) -> list[dict]:
-    """Run ``todo`` on one shape: one timing worker and one compile pool for all its searches."""
+def _tune_shape(set_path: str, shape, todo, opts: TuneOptions, dist: Dist, on_event, factory) -> list[dict]:
+    """Run the tasks ``todo`` (an iterable, consumed one search at a time) on one shape: one timing
+    worker and one compile pool for all its searches."""
     spec = {"shape_set": set_path, "shape_id": shape.id, "device": opts.device, "check_tokens": opts.check_tokens,
             "params": {"warmup": opts.warmup, "rounds": opts.rounds, "iters": opts.iters}}
     client = factory(spec)
@@ -974,7 +1010,8 @@ def _tune_shape(set_path: str, shape, todo: list[Task], opts: TuneOptions, dist:
     try:
         envs = dist.all_gather(client.ensure_started())
         if envs[0] is None:
-            on_event("skip", {"shape": shape, "tasks": todo, "reason": client.last_error or "worker failed on rank 0"})
+            on_event("skip", {"shape": shape, "tasks": list(todo),
+                              "reason": client.last_error or "worker failed on rank 0"})
             return []
         return [_tune_one(client, envs[0], task, shape, set_path, opts, dist, on_event, pool) for task in todo]
     finally:

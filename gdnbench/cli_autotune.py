@@ -228,7 +228,7 @@ def register(app: typer.Typer) -> None:
                                      "run there skips it (if its compute capability and Triton version match too)."),
         retune: bool = typer.Option(False, "--retune", help="Search again where the cache holds a current entry "
                                     "(default: skip those, so a re-run resumes an interrupted sweep)."),
-        nproc_per_node: int = typer.Option(1, "--nproc-per-node", help="GPUs to shard candidates over (torchrun)."),
+        nproc_per_node: int = typer.Option(1, "--nproc-per-node", help="GPUs to share the work over (torchrun, one rank per GPU; see --shard)."),
         device: str = typer.Option("auto", help="auto, cuda or cpu (cpu: interpreter, plumbing only)."),
         cache_dir: Optional[Path] = typer.Option(None, help="Cache root (default results/tuned)."),
         exhaustive_max: int = typer.Option(256, help="Search exhaustively when at most this many valid points."),

@@ -184,7 +184,9 @@ def _time_all(shape, ready: dict, mode: str, device: str, params: timing.TimingP
             if "graph_error" in st:
                 row["gpu"]["graph_error"] = st["graph_error"]
             try:
-                row["profiler_us"] = timing.profiler_kernel_us(st["fn"], params.profiler_iters)
+                row["kernels_us"] = {n: round(t, 2) for n, t in
+                                     timing.profiler_kernels(st["fn"], params.profiler_iters).items()}
+                row["profiler_us"] = sum(row["kernels_us"].values())
             except Exception as e:
                 row["profiler_us"] = None
                 row["profiler_error"] = one_line(e)

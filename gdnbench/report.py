@@ -263,6 +263,28 @@ def spread_table(doc: dict, mode: str = "fwd") -> Table:
                  rows)
 
 
+KERNELS_SHOWN = 8
+
+
+def kernel_table(doc: dict, mode: str = "fwd") -> Table | None:
+    """Each ok row's device time split by kernel (torch.profiler, µs per call, largest first; the
+    rest summed as 'other'): the stage a route gains or loses in. None when no row has a split."""
+    rows = []
+    for r in doc["rows"]:
+        split = r.get("kernels_us")
+        if r.get("mode", "fwd") != mode or r["status"] != "ok" or not split:
+            continue
+        items = list(split.items())
+        shown = [f"{n} {t:.1f}" for n, t in items[:KERNELS_SHOWN]]
+        if len(items) > KERNELS_SHOWN:
+            shown.append(f"other ({len(items) - KERNELS_SHOWN}) {sum(t for _, t in items[KERNELS_SHOWN:]):.1f}")
+        rows.append([r["shape_id"], f"{r['backend']}:{r['route']}", _fmt_us(sum(split.values())), "; ".join(shown)])
+    if not rows:
+        return None
+    return Table("device time per kernel (torch.profiler, µs per call, largest first)",
+                 ["shape", "backend:route", "sum µs", "kernels"], rows)
+
+
 def grad_table(doc: dict) -> Table:
     """fwd_bwd gate: each input gradient's rel-RMS error and budget."""
     names = ("dq", "dk", "dv", "dg", "dbeta")
@@ -364,6 +386,9 @@ def report_tables(doc: dict, baseline: str | None = None, pairs: list[str] | Non
     if base:
         tables.append(ratio_table(doc, base, kinds_present(doc)[-1], mode))
     tables += [geomean_table(doc, pairs, mode), check_table(doc, mode), spread_table(doc, mode)]
+    kernels = kernel_table(doc, mode)
+    if kernels is not None:
+        tables.append(kernels)
     if mode == "fwd_bwd":
         tables += [grad_table(doc), layer_table(doc), memory_table(doc)]
     if mode == "decode":

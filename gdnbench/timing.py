@@ -12,7 +12,8 @@ inside the call), the per-call sum of kernel durations that torch.profiler recor
 is used instead; `gpu.method` says which.
 
 `profiler_us`: that profiler sum is also recorded for every row, as a cross-check
-of the graph time (inter-kernel gaps are the difference).
+of the graph time (inter-kernel gaps are the difference), and `kernels_us` splits it by
+kernel: which stage a route's time goes to (a fused route's gain or loss, stage by stage).
 
 Rounds: the runner interleaves routes round-robin, `iters` calls each per round, so
 drift hits all alike; each round's median is kept to show the spread. `l2="cold"`
@@ -161,8 +162,17 @@ def time_graph(graph, iters: int, l2: str = "warm") -> list[float]:
     return _event_pairs(graph.replay, iters, _Flusher(l2 == "cold"))
 
 
-def profiler_kernel_us(fn, iters: int) -> float:
-    """Mean per call of the device time torch.profiler records (kernels, memcpy, memset)."""
+def kernel_name(name: str) -> str:
+    """A profiler event's kernel name without template arguments or a signature, at most 60 chars."""
+    for cut in ("<", "("):
+        name = name.split(cut, 1)[0]
+    name = name.removeprefix("void ").strip()
+    return name[:60] or "?"
+
+
+def profiler_kernels(fn, iters: int) -> dict[str, float]:
+    """Mean device µs per call of each kernel (memcpy, memset) torch.profiler records, by
+    :func:`kernel_name`, largest first: where a call's time goes, stage by stage."""
     import torch
     from torch.profiler import ProfilerActivity, profile
 
@@ -171,11 +181,17 @@ def profiler_kernel_us(fn, iters: int) -> float:
         for _ in range(iters):
             fn()
         torch.cuda.synchronize()
-    total = 0.0
+    split: dict[str, float] = {}
     for evt in prof.events():
         if evt.device_type == torch.autograd.DeviceType.CUDA:
-            total += evt.device_time
-    return total / iters
+            name = kernel_name(evt.name)
+            split[name] = split.get(name, 0.0) + evt.device_time / iters
+    return dict(sorted(split.items(), key=lambda kv: -kv[1]))
+
+
+def profiler_kernel_us(fn, iters: int) -> float:
+    """Mean per call of the device time torch.profiler records (kernels, memcpy, memset)."""
+    return sum(profiler_kernels(fn, iters).values())
 
 
 def first_call_ms(fn) -> tuple[float, object]:

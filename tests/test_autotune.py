@@ -745,13 +745,38 @@ def _save_many(cache_dir, writer):
         tuned.save_entry(Path(cache_dir), {"key": key, "kernel": "state", "best": None})
 
 
-def test_search_share_is_contiguous_disjoint_and_covering():
-    for n, world in ((10, 3), (2, 4), (92, 2), (0, 2)):
-        shares = [at.search_share(n, r, world) for r in range(world)]
-        assert [i for s in shares for i in s] == list(range(n))
-        assert max(map(len, shares)) - min(map(len, shares)) <= 1
-    with pytest.raises(ValueError):
-        at.search_share(4, 2, 2)
+def _claims_in_turn(sizes, world, order):
+    """Ranks claiming in the given turn order (a rank index per claim) on one shared counter."""
+    fetch_add = at.local_counters()
+    gens = [at.claim_searches(sizes, at.Dist(r, world, fetch_add=fetch_add), "t") for r in range(world)]
+    got = {r: [] for r in range(world)}
+    for r in order:
+        nxt = next(gens[r], None)
+        if nxt is not None:
+            got[r].append(nxt)
+    for r in range(world):
+        got[r] += list(gens[r])
+    return got
+
+
+def test_claimed_searches_run_exactly_once_and_ranks_start_on_different_shapes():
+    got = _claims_in_turn([3, 2, 4], 2, [0, 1] * 10)
+    assert got[0][0] == (0, 0) and got[1][0] == (1, 0)
+    every = sorted(u for r in got for u in got[r])
+    assert every == [(k, i) for k, n in enumerate([3, 2, 4]) for i in range(n)]
+
+
+def test_a_rank_that_finishes_its_shape_takes_from_the_fullest_one():
+    # rank 1 claims five times in a row while rank 0 holds one search of shape 0
+    got = _claims_in_turn([2, 2, 3], 2, [0, 1, 1, 1, 1, 1])
+    assert got[1][:2] == [(1, 0), (1, 1)]  # its own shape first
+    assert got[1][2] == (2, 0)  # then the shape with the most left (3 > 1)
+    assert sorted(got[0] + got[1]) == [(k, i) for k, n in enumerate([2, 2, 3]) for i in range(n)]
+
+
+def test_claims_of_a_single_rank_and_of_nothing():
+    assert list(at.claim_searches([2, 1], at.Dist(), "x")) == [(0, 0), (0, 1), (1, 0)]
+    assert list(at.claim_searches([], at.Dist(), "x")) == []
 
 
 def _thread_ranks(world, fn):
@@ -759,6 +784,7 @@ def _thread_ranks(world, fn):
     import threading
 
     slots, barrier, out = [None] * world, threading.Barrier(world, timeout=60), [None] * world
+    fetch_add = at.local_counters()
 
     def gather(rank):
         def all_gather(obj):
@@ -770,7 +796,7 @@ def _thread_ranks(world, fn):
         return all_gather
 
     def run(rank):
-        out[rank] = fn(at.Dist(rank, world, rank, gather(rank)))
+        out[rank] = fn(at.Dist(rank, world, rank, gather(rank), fetch_add))
 
     threads = [threading.Thread(target=run, args=(r,)) for r in range(world)]
     for t in threads:
@@ -794,11 +820,12 @@ def test_two_ranks_share_out_searches_and_rank_0_gets_every_entry(tmp_path):
                        client_factory=lambda spec: _FakeWorker(spec, started=started[dist.rank]))
 
     out = _thread_ranks(2, rank_main)
-    # six searches: the first three (shape 1) on rank 0, the last three (shape 2) on rank 1
-    assert searched[0] == [("gdn_fixed_b2", k) for k in ("gram", "state", "output")]
-    assert searched[1] == [("gdn_packed_gva3", k) for k in ("gram", "state", "output")]
-    assert started == {0: ["gdn_fixed_b2"], 1: ["gdn_packed_gva3"]}  # one worker per rank
-    assert len(out[0]) == 6 and len(out[1]) == 3
+    # six searches, each run once; rank 0 starts on shape 1, rank 1 on shape 2
+    both = sorted(searched[0] + searched[1])
+    assert both == sorted((s, k) for s in ("gdn_fixed_b2", "gdn_packed_gva3") for k in ("gram", "state", "output"))
+    assert searched[0][0][0] == "gdn_fixed_b2" and searched[1][0][0] == "gdn_packed_gva3"
+    assert started[0][0] == "gdn_fixed_b2" and started[1][0] == "gdn_packed_gva3"
+    assert len(out[0]) == 6 and len(out[1]) == len(searched[1])
     saved = sum(len(tuned.load_entries(p)) for p in tmp_path.glob("*/*.json"))
     assert saved == 6
 

@@ -140,3 +140,26 @@ def test_time_spent_counts_each_oracle_once():
             {"shape_id": "c", "status": "skipped"}]
     assert rep.time_spent(rows) == {"oracle": 3.0, "check": 1.5, "timing": 6.0}
 
+
+
+def test_kernel_table_splits_each_row_and_sums_the_tail():
+    r1 = row("a", "gdnbench", "explicit", 200, 100)
+    r1["kernels_us"] = {f"k{i}": float(10 - i) for i in range(10)}  # 10 kernels: 8 shown, 2 as 'other'
+    r2 = row("a", "gdnbench", "fused_qk", 100, 50)  # no split: left out
+    t = rep.kernel_table(doc([r1, r2]))
+    assert len(t.rows) == 1
+    shape, key, total, kernels = t.rows[0]
+    assert (shape, key, total) == ("a", "gdnbench:explicit", "55.0")
+    assert kernels.startswith("k0 10.0; k1 9.0") and kernels.endswith("other (2) 3.0")
+    assert rep.kernel_table(doc([r2])) is None
+    assert any(x.title.startswith("device time per kernel") for x in rep.report_tables(doc([r1, r2])))
+
+
+def test_kernel_names_lose_templates_and_signatures():
+    from gdnbench.timing import kernel_name
+
+    assert kernel_name("void at::native::vectorized_elementwise_kernel<4, Foo>(int, Bar)") == \
+        "at::native::vectorized_elementwise_kernel"
+    assert kernel_name("gram_solve_kernel") == "gram_solve_kernel"
+    assert kernel_name("") == "?"
+    assert len(kernel_name("x" * 100)) == 60
