@@ -4,6 +4,7 @@ from the gated-q pass's own fp32 tile (issue #4).
 
     python scripts/gpu_kda_output_ssq.py                       # H200: h96_fixed, h64_fixed
     TRITON_INTERPRET=1 python scripts/gpu_kda_output_ssq.py --tiny   # CPU smoke test
+    python scripts/gpu_kda_output_ssq.py --offline             # registers / stack for sm_90, no GPU
 
 Under KDA the output kernel already converts each q tile to fp32 to gate it (q * exp2(g)), so the
 squares can be summed there: an fp32 [BT, BK] accumulator, one row sum after the K loop, no extra
@@ -14,7 +15,8 @@ straight into a dot, KDA's does not, so this measures whether KDA differs.
 For each shape and config: the output stage alone (CUDA-graph replay, median us) for
   plain  - the explicit route's kernel on normalized q (and Aqk from normalized q),
   qq     - gdnbench's fused_q kernel (q q^T diagonal),
-  sum    - the variant below,
+  sum    - the kernel below, squares into an fp32 [BT, BK] tile, one row sum after the loop,
+  rowsum - the same with a row sum per K tile into [BT] (fewer registers),
 and the fused outputs' rel-RMS error against plain's.  The gap fused - plain is what the fold
 costs; the KDA routes' q pass is what it saves.
 """
@@ -49,8 +51,9 @@ def log(msg):
 def kda_output_sum_kernel(q, v_new, h, g_cs, aqk, o, cu_seqlens, chunk_indices, scale, T, NT,
                           H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
                           BK: tl.constexpr, BV: tl.constexpr, BT: tl.constexpr, IS_VARLEN: tl.constexpr,
-                          PREC: tl.constexpr):
-    """gdnbench's output kernel, PER_CHANNEL and FUSE_Q, with q's squares summed from the gated pass."""
+                          ROW_SUM: tl.constexpr, PREC: tl.constexpr):
+    """gdnbench's output kernel, PER_CHANNEL and FUSE_Q, with q's squares summed from the gated pass:
+    into an fp32 [BT, BK] tile reduced once after the loop, or (ROW_SUM) reduced per K tile into [BT]."""
     i_v, i_c, i_bh = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     i_b, i_hv = i_bh // HV, i_bh % HV
     i_h = i_hv // (HV // H)
@@ -64,6 +67,7 @@ def kda_output_sum_kernel(q, v_new, h, g_cs, aqk, o, cu_seqlens, chunk_indices, 
     hb = h + (i_g * HV + i_hv) * K * V
     b_o = tl.zeros([BT, BV], dtype=tl.float32)
     b_sq = tl.zeros([BT, BK], dtype=tl.float32)
+    ssq = tl.zeros([BT], dtype=tl.float32)
     for i_k in range(tl.cdiv(K, BK)):
         o_k = i_k * BK + tl.arange(0, BK)
         m_k = o_k < K
@@ -71,7 +75,10 @@ def kda_output_sum_kernel(q, v_new, h, g_cs, aqk, o, cu_seqlens, chunk_indices, 
         b_q = tl.load(qb + rows[:, None] * (H * K) + o_k[None, :], mask=m_tk, other=0.0)
         b_g = tl.load(gb + rows[:, None] * (HV * K) + o_k[None, :], mask=m_tk, other=0.0)
         b_qf = b_q.to(tl.float32)
-        b_sq += b_qf * b_qf
+        if ROW_SUM:
+            ssq += tl.sum(b_qf * b_qf, 1)
+        else:
+            b_sq += b_qf * b_qf
         b_qg = (b_qf * tl.math.exp2(b_g)).to(b_q.dtype)
         b_h = tl.load(hb + o_k[:, None] * V + o_v[None, :], mask=m_k[:, None] & m_v[None, :], other=0.0)
         b_o = tl.dot(b_qg, b_h, b_o, input_precision=PREC)
@@ -81,12 +88,14 @@ def kda_output_sum_kernel(q, v_new, h, g_cs, aqk, o, cu_seqlens, chunk_indices, 
     b_A = tl.load(aqk + tok0 * (HV * BT) + i_hv * BT + rows[:, None] * (HV * BT) + rows[None, :],
                   mask=m_t[:, None], other=0.0)
     b_o = tl.dot(b_A, b_vn.to(b_A.dtype), b_o, input_precision=PREC)
-    r_q = row_rstd(qb, rows, m_t, tl.sum(b_sq, 1), K, H * K, BK)
+    if not ROW_SUM:
+        ssq = tl.sum(b_sq, 1)
+    r_q = row_rstd(qb, rows, m_t, ssq, K, H * K, BK)
     b_o = b_o * (r_q * scale)[:, None]
     tl.store(o + tok0 * (HV * V) + i_hv * V + p_tv, b_o.to(o.dtype.element_ty), mask=m_tv)
 
 
-def sum_output(q, v_new, h, g_cs, aqk, scale, cfg, varlen):
+def sum_output(q, v_new, h, g_cs, aqk, scale, cfg, varlen, row_sum=False):
     B, T, H, K = q.shape
     HV, V = v_new.shape[2], v_new.shape[3]
     n_grid, NT = ops._chunk_grid(B, T, varlen)
@@ -95,7 +104,7 @@ def sum_output(q, v_new, h, g_cs, aqk, scale, cfg, varlen):
     ops._launch(kda_output_sum_kernel, (triton.cdiv(V, BV), n_grid, B * HV), cfg,
                 q, v_new, h, g_cs, aqk, o, *ops._varlen_args(varlen), float(scale), T, NT,
                 H=H, HV=HV, K=K, V=V, BK=min(cfg.BK, triton.next_power_of_2(K)), BV=BV, BT=64,
-                IS_VARLEN=varlen is not None, PREC=ops._precision(q.dtype))
+                IS_VARLEN=varlen is not None, ROW_SUM=row_sum, PREC=ops._precision(q.dtype))
     return o
 
 
@@ -128,32 +137,79 @@ def stage_inputs(T, H, K, V, dtype, dev):
     return q, qn, v_new, h, g_cs, aqk_n, aqk_raw, cfg
 
 
+VARIANTS = ("plain", "qq", "sum", "rowsum")
+
+
+def calls(q, qn, v_new, h, g_cs, aqk_n, aqk_raw, base, c, scale):
+    """{variant: zero-argument call} for one output config ``c``."""
+    cfg = base.__class__(**{**base.__dict__, "output": c, "output_fused": c})
+    return {
+        "plain": lambda: ops.chunk_output(qn, None, v_new, h, g_cs, scale=scale, config=cfg, aqk=aqk_n),
+        "qq": lambda: ops.chunk_output(q, None, v_new, h, g_cs, scale=scale, fuse_q=True, config=cfg, aqk=aqk_raw),
+        "sum": lambda: sum_output(q, v_new, h, g_cs, aqk_raw, scale, c, None),
+        "rowsum": lambda: sum_output(q, v_new, h, g_cs, aqk_raw, scale, c, None, row_sum=True),
+    }
+
+
+def offline(configs, H=96, T=256, K=128, V=128):
+    """Registers and stack of each variant x config for sm_90 (no GPU: launches intercepted and compiled
+    with scripts/offline_compile.py's compile_launch)."""
+    from offline_compile import compile_launch
+
+    launches = []
+
+    def record(kernel, grid, cfg, *a, **kw):
+        opts = {"num_warps": cfg.num_warps, "num_stages": cfg.num_stages}
+        if cfg.maxnreg is not None:
+            opts["maxnreg"] = cfg.maxnreg
+        launches.append((kernel, a, kw, opts))
+
+    real_launch, ops._launch = ops._launch, record
+    try:
+        bf = torch.bfloat16
+        q, v_new = torch.zeros(1, T, H, K, dtype=bf), torch.zeros(1, T, H, V, dtype=bf)
+        h = torch.zeros(T // 64, H, K, V, dtype=bf)
+        g_cs, aqk = torch.zeros(1, T, H, K), torch.zeros(1, T, H, 64, dtype=bf)
+        base = default_config(K, V, 2, "kda")
+        print(f"triton {triton.__version__}, sm_90, H={H} K={K} V={V} bf16")
+        for c in configs:
+            for variant, fn in calls(q, q, v_new, h, g_cs, aqk, aqk, base, c, K ** -0.5).items():
+                launches.clear()
+                fn()
+                kernel, a, kw, opts = launches[0]
+                try:
+                    res = compile_launch(kernel, a, kw, opts)
+                except Exception as e:  # report and go on
+                    res = f"FAILED {type(e).__name__}: {str(e).splitlines()[0][:120] if str(e) else ''}"
+                print(f"  {variant:7s} BK={c.BK} w={c.num_warps} s={c.num_stages} r={c.maxnreg}: {res}", flush=True)
+    finally:
+        ops._launch = real_launch
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--tiny", action="store_true", help="small fp32 shape (CPU interpreter smoke test)")
+    ap.add_argument("--offline", action="store_true", help="registers and stack per variant and config (no GPU)")
     args = ap.parse_args()
+    configs = [KernelConfig(BK=bk, BV=128, num_warps=w, num_stages=s, maxnreg=r)
+               for bk, w, s, r in ((32, 4, 3, 168), (64, 4, 2, 168), (64, 4, 2, None), (128, 4, 2, None),
+                                   (128, 8, 2, None), (128, 4, 1, None))]
+    if args.offline:
+        offline(configs)
+        return
     dev = "cpu" if CPU else "cuda"
     if args.tiny:
         shapes = [("tiny", 100, 2, 32, 32, torch.float32)]
         configs = [KernelConfig(BK=16, BV=32, num_warps=4, num_stages=1)]
     else:
         shapes = [("h96_fixed", 8192, 96, 128, 128, torch.bfloat16), ("h64_fixed", 8192, 64, 128, 128, torch.bfloat16)]
-        configs = [KernelConfig(BK=bk, BV=128, num_warps=4, num_stages=s, maxnreg=r)
-                   for bk, s in ((32, 3), (64, 2), (64, 3), (128, 2)) for r in (None, 168)]
     rows = []
     for name, T, H, K, V, dtype in shapes:
         log(f"{name}: stage inputs")
         q, qn, v_new, h, g_cs, aqk_n, aqk_raw, base = stage_inputs(T, H, K, V, dtype, dev)
-        scale = K ** -0.5
         for c in configs:
-            cfg = base.__class__(**{**base.__dict__, "output": c, "output_fused": c})
             res = {}
-            for variant, fn in (
-                ("plain", lambda: ops.chunk_output(qn, None, v_new, h, g_cs, scale=scale, config=cfg, aqk=aqk_n)),
-                ("qq", lambda: ops.chunk_output(q, None, v_new, h, g_cs, scale=scale, fuse_q=True, config=cfg,
-                                                aqk=aqk_raw)),
-                ("sum", lambda: sum_output(q, v_new, h, g_cs, aqk_raw, scale, c, None)),
-            ):
+            for variant, fn in calls(q, qn, v_new, h, g_cs, aqk_n, aqk_raw, base, c, K ** -0.5).items():
                 try:
                     out = fn()
                     res[variant] = (bench(fn), out)
@@ -162,22 +218,24 @@ def main():
                     log(f"  {variant} {c}: {type(e).__name__}: {str(e).splitlines()[0][:100]}")
             ref = res["plain"][1]
             err = {v: (rel_rms(res[v][1], ref) if res[v][1] is not None and ref is not None else float("nan"))
-                   for v in ("qq", "sum")}
-            rows.append((name, c, res["plain"][0], res["qq"][0], res["sum"][0], err["qq"], err["sum"]))
-            log(f"  {name} BK={c.BK} s={c.num_stages} r={c.maxnreg}: plain {res['plain'][0]:.1f} qq {res['qq'][0]:.1f} "
-                f"sum {res['sum'][0]:.1f} us; err qq {err['qq']:.1e} sum {err['sum']:.1e}")
+                   for v in VARIANTS[1:]}
+            rows.append((name, c, {v: res[v][0] for v in VARIANTS}, err))
+            log(f"  {name} BK={c.BK} w={c.num_warps} s={c.num_stages} r={c.maxnreg}: "
+                + " ".join(f"{v} {res[v][0]:.1f}" for v in VARIANTS) + " us; err "
+                + " ".join(f"{v} {err[v]:.1e}" for v in VARIANTS[1:]))
     print()
-    print(f"{'shape':10s} {'config':22s} {'plain':>8s} {'qq':>8s} {'sum':>8s} {'qq-plain':>9s} {'sum-plain':>9s}"
-          f" {'err qq':>8s} {'err sum':>8s}")
-    for name, c, tp, tq, ts, eq, es in rows:
-        cs = f"BK={c.BK} s={c.num_stages} r={c.maxnreg}"
-        print(f"{name:10s} {cs:22s} {tp:8.1f} {tq:8.1f} {ts:8.1f} {tq - tp:9.1f} {ts - tp:9.1f} {eq:8.1e} {es:8.1e}")
+    print(f"{'shape':10s} {'config':26s} " + " ".join(f"{v:>8s}" for v in VARIANTS)
+          + " " + " ".join(f"{'err ' + v:>10s}" for v in VARIANTS[1:]))
+    for name, c, t, err in rows:
+        cs = f"BK={c.BK} w={c.num_warps} s={c.num_stages} r={c.maxnreg}"
+        print(f"{name:10s} {cs:26s} " + " ".join(f"{t[v]:8.1f}" for v in VARIANTS)
+              + " " + " ".join(f"{err[v]:10.1e}" for v in VARIANTS[1:]))
     for name in dict.fromkeys(r[0] for r in rows):
-        mine = [r for r in rows if r[0] == name]
-        best = {v: min((r[i] for r in mine if r[i] == r[i]), default=float("nan")) for v, i in
-                (("plain", 2), ("qq", 3), ("sum", 4))}
-        print(f"{name}: best plain {best['plain']:.1f}, qq {best['qq']:.1f} (+{best['qq'] - best['plain']:.1f}), "
-              f"sum {best['sum']:.1f} (+{best['sum'] - best['plain']:.1f}) us")
+        best = {v: min((r[2][v] for r in rows if r[0] == name and r[2][v] == r[2][v]), default=float("nan"))
+                for v in VARIANTS}
+        print(f"{name}: best " + ", ".join(f"{v} {best[v]:.1f}" + ("" if v == "plain" else
+                                                                   f" (+{best[v] - best['plain']:.1f})")
+                                           for v in VARIANTS) + " us")
 
 
 if __name__ == "__main__":
