@@ -862,6 +862,12 @@ class CompilePool:
             c.close()
 
 
+def ranks_on_node(dist: "Dist") -> int:
+    """How many ranks share this node's cores: torchrun's LOCAL_WORLD_SIZE (multi-node runs), else
+    every rank."""
+    return int(os.environ.get("LOCAL_WORLD_SIZE") or dist.world)
+
+
 def default_compile_workers(device: str, world: int = 1) -> int:
     """Compile-pool size per rank: the node's cores shared among its ranks, two kept for the
     timing workers and torchrun, at most 8 (each worker holds a CUDA context and the shape's

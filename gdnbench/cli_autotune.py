@@ -306,7 +306,7 @@ def register(app: typer.Typer) -> None:
                               cache_dir=cache_dir or at.tuned.TUNED_DIR, retune=retune, seeds=seeds,
                               shard=shard)
         dist = at.torch_dist()
-        opts.compile_workers = (at.default_compile_workers(dev, dist.world) if compile_workers is None
+        opts.compile_workers = (at.default_compile_workers(dev, at.ranks_on_node(dist)) if compile_workers is None
                                 else compile_workers)
         tally = at.Tally()
         try:

@@ -854,3 +854,10 @@ def test_two_ranks_in_candidate_mode_run_every_search_in_lockstep(tmp_path):
     # every candidate evaluated once, on one of the two ranks, about half each
     assert sum(e["search"]["evaluated"] for e in out[0]) == seen[0] + seen[1]
     assert seen[0] > 0 and seen[1] > 0 and abs(seen[0] - seen[1]) <= 10
+
+
+def test_ranks_on_node_follow_torchrun_local_world(monkeypatch):
+    monkeypatch.delenv("LOCAL_WORLD_SIZE", raising=False)
+    assert at.ranks_on_node(at.Dist(0, 16)) == 16
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "8")  # two nodes of eight GPUs
+    assert at.ranks_on_node(at.Dist(0, 16)) == 8
