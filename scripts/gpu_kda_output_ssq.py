@@ -154,17 +154,10 @@ def calls(q, qn, v_new, h, g_cs, aqk_n, aqk_raw, base, c, scale):
 def offline(configs, H=96, T=256, K=128, V=128):
     """Registers and stack of each variant x config for sm_90 (no GPU: launches intercepted and compiled
     with scripts/offline_compile.py's compile_launch)."""
-    from offline_compile import compile_launch
+    from offline_compile import compile_launch, record_launches
 
     launches = []
-
-    def record(kernel, grid, cfg, *a, **kw):
-        opts = {"num_warps": cfg.num_warps, "num_stages": cfg.num_stages}
-        if cfg.maxnreg is not None:
-            opts["maxnreg"] = cfg.maxnreg
-        launches.append((kernel, a, kw, opts))
-
-    real_launch, ops._launch = ops._launch, record
+    real_launch = record_launches(launches)
     try:
         bf = torch.bfloat16
         q, v_new = torch.zeros(1, T, H, K, dtype=bf), torch.zeros(1, T, H, V, dtype=bf)

@@ -73,6 +73,19 @@ def compile_launch(kernel, args, kwargs, opts, sass_dir=None) -> str:
     return f"registers {m.group(1):>3}  stack {m.group(2):>4} B" if m else out[-200:]
 
 
+def record_launches(launches: list):
+    """Make ops._launch append (kernel, args, kwargs, compile options) to ``launches`` instead of
+    launching; returns the real _launch (to put back)."""
+    def record(kernel, grid, cfg, *a, **kw):
+        opts = {"num_warps": cfg.num_warps, "num_stages": cfg.num_stages}
+        if cfg.maxnreg is not None:
+            opts["maxnreg"] = cfg.maxnreg
+        launches.append((kernel, a, kw, opts))
+
+    real, ops._launch = ops._launch, record
+    return real
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--family", choices=("gdn", "kda"), default="kda")
@@ -89,14 +102,7 @@ def main() -> None:
     args = ap.parse_args()
 
     launches = []
-
-    def record(kernel, grid, cfg, *a, **kw):
-        opts = {"num_warps": cfg.num_warps, "num_stages": cfg.num_stages}
-        if cfg.maxnreg is not None:
-            opts["maxnreg"] = cfg.maxnreg
-        launches.append((kernel, a, kw, opts))
-
-    ops._launch = record
+    record_launches(launches)
     config = ops.default_config(args.K, args.V, 2, args.family)
     for spec in args.set:
         name, fields = spec.split("=", 1)
