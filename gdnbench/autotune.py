@@ -862,19 +862,19 @@ class CompilePool:
             c.close()
 
 
-def ranks_on_node(dist: "Dist") -> int:
+def ranks_on_node(dist: Dist) -> int:
     """How many ranks share this node's cores: torchrun's LOCAL_WORLD_SIZE (multi-node runs), else
     every rank."""
     return int(os.environ.get("LOCAL_WORLD_SIZE") or dist.world)
 
 
-def default_compile_workers(device: str, world: int = 1) -> int:
+def default_compile_workers(device: str, ranks: int = 1) -> int:
     """Compile-pool size per rank: the node's cores shared among its ranks, two kept for the
     timing workers and torchrun, at most 8 (each worker holds a CUDA context and the shape's
     inputs); none off the GPU (the interpreter compiles nothing)."""
     if device != "cuda":
         return 0
-    return max(0, min(8, (os.cpu_count() or 1) // max(1, world) - 2))
+    return max(0, min(8, (os.cpu_count() or 1) // max(1, ranks) - 2))
 
 
 def rank_gpu(local_rank: int) -> str:

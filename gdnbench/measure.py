@@ -184,9 +184,9 @@ def _time_all(shape, ready: dict, mode: str, device: str, params: timing.TimingP
             if "graph_error" in st:
                 row["gpu"]["graph_error"] = st["graph_error"]
             try:
-                row["kernels_us"] = {n: round(t, 2) for n, t in
-                                     timing.profiler_kernels(st["fn"], params.profiler_iters).items()}
-                row["profiler_us"] = sum(row["kernels_us"].values())
+                split = timing.profiler_kernels(st["fn"], params.profiler_iters)
+                row["profiler_us"] = sum(split.values())
+                row["kernels_us"] = {n: round(t, 2) for n, t in split.items()}
             except Exception as e:
                 row["profiler_us"] = None
                 row["profiler_error"] = one_line(e)
