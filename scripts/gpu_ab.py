@@ -1,0 +1,116 @@
+#!/usr/bin/env python
+"""A/B of two trees of our kernels on the GPU: the whole forward of each route, both trees run with
+the same stage configs (the autotune cache's winners as the old tree resolves them), on one shape set.
+
+    git archive HEAD gdnbench | tar -x -C /tmp/old && mv /tmp/old/gdnbench /tmp/old/gdnbench_old
+    python scripts/gpu_ab.py --old /tmp/old --shapes kda-legacy6 --routes explicit,fused_q,fused_qk
+    python scripts/gpu_ab.py --old /tmp/old --new-config output_fused=output   # a stage's config from another
+
+A kernel edit makes its cache entries stale for the new tree, so `gdnbench run` alone would compare a
+tuned old tree with a default new one; here both get the old tree's configs.  Per shape and route:
+CUDA-graph median µs of old and new (alternated, best of two rounds), new/old, the rel-RMS difference
+of o and of the final state (new against old), and torch.profiler's per-kernel µs of both.  Geomeans of
+new/old per route, and of fused / explicit per tree, close the table.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import importlib
+import math
+import os
+import sys
+
+os.environ.setdefault("FLA_DISABLE_BACKEND_DISPATCH", "1")
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.dirname(HERE))
+sys.path.insert(0, HERE)
+
+import torch  # noqa: E402
+
+from gdnbench import inputs as inputs_mod  # noqa: E402
+from gdnbench import ops, shapes, timing, tuned  # noqa: E402
+from gdnbench.kernels import config as cfg_mod  # noqa: E402
+from gpu_gdn_check import bench_graph  # noqa: E402
+
+
+def convert(cfg, take: dict[str, str]):
+    """The old tree's GDNConfig as this tree's (same fields; each stage config by its class name),
+    stage ``a`` given stage ``b``'s config for each a=b in ``take``."""
+    kw = {}
+    for f in dataclasses.fields(cfg):
+        v = getattr(cfg, take.get(f.name, f.name))
+        kw[f.name] = getattr(cfg_mod, type(v).__name__)(**dataclasses.asdict(v))
+    return cfg_mod.GDNConfig(**kw)
+
+
+def call_of(mod, shape, route, x, cfg):
+    op = mod.chunk_kda if shape.family == "kda" else mod.chunk_gdn
+    kw = dict(scale=x.scale, initial_state=x.initial_state, output_final_state=True, config=cfg)
+    if shape.family == "kda":
+        kw["lower_bound"] = x.lower_bound
+    if x.cu_seqlens is not None:
+        kw["cu_seqlens"] = x.cu_seqlens
+        kw["chunk_indices"] = mod.prepare_varlen(x.cu_seqlens)
+    if route == "explicit":
+        return lambda: op(mod.l2norm(x.q, cfg.l2norm), mod.l2norm(x.k, cfg.l2norm), x.v, x.g, x.beta, norm="none",
+                          **kw)
+    return lambda: op(x.q, x.k, x.v, x.g, x.beta, norm=route, **kw)
+
+
+def rel(a, b):
+    a, b = a.float(), b.float()
+    return ((a - b).pow(2).mean().sqrt() / b.pow(2).mean().sqrt().clamp_min(1e-30)).item()
+
+
+def geo(xs):
+    return math.exp(sum(math.log(x) for x in xs) / len(xs)) if xs else float("nan")
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--old", required=True, help="directory holding the old tree's package as gdnbench_old")
+    ap.add_argument("--shapes", default="kda-legacy6")
+    ap.add_argument("--routes", default="explicit,fused_q,fused_qk")
+    ap.add_argument("--new-config", action="append", default=[], metavar="STAGE=FROM",
+                    help="the new tree runs STAGE with the config of stage FROM (repeatable)")
+    args = ap.parse_args()
+    take = dict(s.split("=", 1) for s in args.new_config)
+    sys.path.insert(0, args.old)
+    old_ops = importlib.import_module("gdnbench_old.ops")
+    old_tuned = importlib.import_module("gdnbench_old.tuned")
+    routes = args.routes.split(",")
+    env = tuned.device_env()
+    rows = []
+    for shape in shapes.load(args.shapes).shapes:
+        x = inputs_mod.make_inputs(shape).to("cuda")
+        for route in routes:
+            old_cfg, label = old_tuned.tuned_config(shape, route, env, cache_dir=tuned.TUNED_DIR)
+            calls = {"old": call_of(old_ops, shape, route, x, old_cfg),
+                     "new": call_of(ops, shape, route, x, convert(old_cfg, take))}
+            outs = {k: fn() for k, fn in calls.items()}
+            t = {k: min(bench_graph(calls[k]) for _ in range(2)) * 1e3 for k in ("old", "new", "old", "new")}
+            split = {k: timing.profiler_kernels(fn, 5) for k, fn in calls.items()}
+            d_o, d_s = rel(outs["new"][0], outs["old"][0]), rel(outs["new"][1], outs["old"][1])
+            rows.append((shape.id, route, t["old"], t["new"], d_o, d_s))
+            print(f"{shape.id:12s} {route:9s} old {t['old']:8.1f} new {t['new']:8.1f} new/old {t['new'] / t['old']:.3f}"
+                  f"  diff o {d_o:.1e} state {d_s:.1e}  [{label[:60]}]", flush=True)
+            for k in ("old", "new"):
+                print(f"    {k}: " + "; ".join(f"{n} {us:.1f}" for n, us in split[k].items()), flush=True)
+        del x
+        torch.cuda.empty_cache()
+    print()
+    for route in routes:
+        r = [row for row in rows if row[1] == route]
+        print(f"geomean new/old {route:9s}: {geo([row[3] / row[2] for row in r]):.4f} over {len(r)} shapes")
+    for route in routes:
+        if route == "explicit":
+            continue
+        for i, tree in ((2, "old"), (3, "new")):
+            pairs = [(a[i], b[i]) for a in rows if a[1] == route for b in rows if b[1] == "explicit" and b[0] == a[0]]
+            print(f"geomean {route}/explicit {tree}: {geo([p / q for p, q in pairs]):.4f} over {len(pairs)} shapes")
+
+
+if __name__ == "__main__":
+    main()
