@@ -8,7 +8,7 @@ the same stage configs (the autotune cache's winners as the old tree resolves th
 
 A kernel edit makes its cache entries stale for the new tree, so `gdnbench run` alone would compare a
 tuned old tree with a default new one; here both get the old tree's configs.  Per shape and route:
-CUDA-graph median µs of old and new (alternated, best of two rounds), new/old, the rel-RMS difference
+CUDA-graph median µs of old and new (alternated, the better of two rounds), new/old, the rel-RMS difference
 of o and of the final state (new against old), and torch.profiler's per-kernel µs of both.  Geomeans of
 new/old per route, and of fused / explicit per tree, close the table.
 """
@@ -31,6 +31,7 @@ import torch  # noqa: E402
 
 from gdnbench import inputs as inputs_mod  # noqa: E402
 from gdnbench import ops, shapes, timing, tuned  # noqa: E402
+from gdnbench.check import rel_rms  # noqa: E402
 from gdnbench.kernels import config as cfg_mod  # noqa: E402
 from gpu_gdn_check import bench_graph  # noqa: E402
 
@@ -59,11 +60,6 @@ def call_of(mod, shape, route, x, cfg):
     return lambda: op(x.q, x.k, x.v, x.g, x.beta, norm=route, **kw)
 
 
-def rel(a, b):
-    a, b = a.float(), b.float()
-    return ((a - b).pow(2).mean().sqrt() / b.pow(2).mean().sqrt().clamp_min(1e-30)).item()
-
-
 def geo(xs):
     return math.exp(sum(math.log(x) for x in xs) / len(xs)) if xs else float("nan")
 
@@ -90,9 +86,11 @@ def main():
             calls = {"old": call_of(old_ops, shape, route, x, old_cfg),
                      "new": call_of(ops, shape, route, x, convert(old_cfg, take))}
             outs = {k: fn() for k, fn in calls.items()}
-            t = {k: min(bench_graph(calls[k]) for _ in range(2)) * 1e3 for k in ("old", "new", "old", "new")}
+            t = {"old": math.inf, "new": math.inf}
+            for k in ("old", "new", "old", "new"):
+                t[k] = min(t[k], bench_graph(calls[k]) * 1e3)
             split = {k: timing.profiler_kernels(fn, 5) for k, fn in calls.items()}
-            d_o, d_s = rel(outs["new"][0], outs["old"][0]), rel(outs["new"][1], outs["old"][1])
+            d_o, d_s = rel_rms(outs["new"][0], outs["old"][0]), rel_rms(outs["new"][1], outs["old"][1])
             rows.append((shape.id, route, t["old"], t["new"], d_o, d_s))
             print(f"{shape.id:12s} {route:9s} old {t['old']:8.1f} new {t['new']:8.1f} new/old {t['new'] / t['old']:.3f}"
                   f"  diff o {d_o:.1e} state {d_s:.1e}  [{label[:60]}]", flush=True)
