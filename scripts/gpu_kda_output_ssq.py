@@ -17,6 +17,8 @@ For each shape and config: the output stage alone (CUDA-graph replay, median us)
   qq     - gdnbench's fused_q kernel (q q^T diagonal),
   sum    - the kernel below, squares into an fp32 [BT, BK] tile, one row sum after the loop,
   rowsum - the same with a row sum per K tile into [BT] (fewer registers),
+  qq_copy, qq_pre, plain_pre - this script's copy of the q q^T and the plain kernels, the last two with
+           v_new and Aqk loaded before the K loop (PRELOAD),
 and the fused outputs' rel-RMS error against plain's.  The gap fused - plain is what the fold
 costs; the KDA routes' q pass is what it saves.
 """
@@ -51,9 +53,12 @@ def log(msg):
 def kda_output_sum_kernel(q, v_new, h, g_cs, aqk, o, cu_seqlens, chunk_indices, scale, T, NT,
                           H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
                           BK: tl.constexpr, BV: tl.constexpr, BT: tl.constexpr, IS_VARLEN: tl.constexpr,
-                          ROW_SUM: tl.constexpr, PREC: tl.constexpr):
+                          SSQ_MODE: tl.constexpr, PRELOAD: tl.constexpr, PREC: tl.constexpr):
     """gdnbench's output kernel, PER_CHANNEL and FUSE_Q, with q's squares summed from the gated pass:
-    into an fp32 [BT, BK] tile reduced once after the loop, or (ROW_SUM) reduced per K tile into [BT]."""
+    into an fp32 [BT, BK] tile reduced once after the loop (SSQ_MODE 0), or reduced per K tile into
+    [BT] (1); or from the q q^T diagonal as gdnbench's kernel does (2); or not at all (3: q given
+    normalized, the plain kernel).  PRELOAD: the after-loop operands (v_new, Aqk) are loaded before
+    the K loop, so their latency overlaps it (registers permitting)."""
     i_v, i_c, i_bh = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     i_b, i_hv = i_bh // HV, i_bh % HV
     i_h = i_hv // (HV // H)
@@ -68,6 +73,13 @@ def kda_output_sum_kernel(q, v_new, h, g_cs, aqk, o, cu_seqlens, chunk_indices, 
     b_o = tl.zeros([BT, BV], dtype=tl.float32)
     b_sq = tl.zeros([BT, BK], dtype=tl.float32)
     ssq = tl.zeros([BT], dtype=tl.float32)
+    b_qq = tl.zeros([BT, BT], dtype=tl.float32)
+    m_tv = m_t[:, None] & m_v[None, :]
+    p_tv = rows[:, None] * (HV * V) + o_v[None, :]
+    if PRELOAD:
+        b_vn = tl.load(v_new + tok0 * (HV * V) + i_hv * V + p_tv, mask=m_tv, other=0.0)
+        b_A = tl.load(aqk + tok0 * (HV * BT) + i_hv * BT + rows[:, None] * (HV * BT) + rows[None, :],
+                      mask=m_t[:, None], other=0.0)
     for i_k in range(tl.cdiv(K, BK)):
         o_k = i_k * BK + tl.arange(0, BK)
         m_k = o_k < K
@@ -75,27 +87,32 @@ def kda_output_sum_kernel(q, v_new, h, g_cs, aqk, o, cu_seqlens, chunk_indices, 
         b_q = tl.load(qb + rows[:, None] * (H * K) + o_k[None, :], mask=m_tk, other=0.0)
         b_g = tl.load(gb + rows[:, None] * (HV * K) + o_k[None, :], mask=m_tk, other=0.0)
         b_qf = b_q.to(tl.float32)
-        if ROW_SUM:
+        if SSQ_MODE == 1:
             ssq += tl.sum(b_qf * b_qf, 1)
-        else:
+        elif SSQ_MODE == 0:
             b_sq += b_qf * b_qf
+        elif SSQ_MODE == 2:
+            b_qq = tl.dot(b_q, tl.trans(b_q), b_qq, input_precision=PREC)
         b_qg = (b_qf * tl.math.exp2(b_g)).to(b_q.dtype)
         b_h = tl.load(hb + o_k[:, None] * V + o_v[None, :], mask=m_k[:, None] & m_v[None, :], other=0.0)
         b_o = tl.dot(b_qg, b_h, b_o, input_precision=PREC)
-    m_tv = m_t[:, None] & m_v[None, :]
-    p_tv = rows[:, None] * (HV * V) + o_v[None, :]
-    b_vn = tl.load(v_new + tok0 * (HV * V) + i_hv * V + p_tv, mask=m_tv, other=0.0)
-    b_A = tl.load(aqk + tok0 * (HV * BT) + i_hv * BT + rows[:, None] * (HV * BT) + rows[None, :],
-                  mask=m_t[:, None], other=0.0)
+    if not PRELOAD:
+        b_vn = tl.load(v_new + tok0 * (HV * V) + i_hv * V + p_tv, mask=m_tv, other=0.0)
+        b_A = tl.load(aqk + tok0 * (HV * BT) + i_hv * BT + rows[:, None] * (HV * BT) + rows[None, :],
+                      mask=m_t[:, None], other=0.0)
     b_o = tl.dot(b_A, b_vn.to(b_A.dtype), b_o, input_precision=PREC)
-    if not ROW_SUM:
+    if SSQ_MODE == 0:
         ssq = tl.sum(b_sq, 1)
-    r_q = row_rstd(qb, rows, m_t, ssq, K, H * K, BK)
-    b_o = b_o * (r_q * scale)[:, None]
+    elif SSQ_MODE == 2:
+        ssq = tl.sum(tl.where(rows[:, None] == rows[None, :], b_qq, 0.0), 1)
+    if SSQ_MODE == 3:
+        b_o = b_o * scale
+    else:
+        b_o = b_o * (row_rstd(qb, rows, m_t, ssq, K, H * K, BK) * scale)[:, None]
     tl.store(o + tok0 * (HV * V) + i_hv * V + p_tv, b_o.to(o.dtype.element_ty), mask=m_tv)
 
 
-def sum_output(q, v_new, h, g_cs, aqk, scale, cfg, varlen, row_sum=False):
+def sum_output(q, v_new, h, g_cs, aqk, scale, cfg, varlen, mode=0, preload=False):
     B, T, H, K = q.shape
     HV, V = v_new.shape[2], v_new.shape[3]
     n_grid, NT = ops._chunk_grid(B, T, varlen)
@@ -104,7 +121,7 @@ def sum_output(q, v_new, h, g_cs, aqk, scale, cfg, varlen, row_sum=False):
     ops._launch(kda_output_sum_kernel, (triton.cdiv(V, BV), n_grid, B * HV), cfg,
                 q, v_new, h, g_cs, aqk, o, *ops._varlen_args(varlen), float(scale), T, NT,
                 H=H, HV=HV, K=K, V=V, BK=min(cfg.BK, triton.next_power_of_2(K)), BV=BV, BT=64,
-                IS_VARLEN=varlen is not None, ROW_SUM=row_sum, PREC=ops._precision(q.dtype))
+                IS_VARLEN=varlen is not None, SSQ_MODE=mode, PRELOAD=preload, PREC=ops._precision(q.dtype))
     return o
 
 
@@ -137,7 +154,7 @@ def stage_inputs(T, H, K, V, dtype, dev):
     return q, qn, v_new, h, g_cs, aqk_n, aqk_raw, cfg
 
 
-VARIANTS = ("plain", "qq", "sum", "rowsum")
+VARIANTS = ("plain", "qq", "sum", "rowsum", "qq_copy", "qq_pre", "plain_pre")
 
 
 def calls(q, qn, v_new, h, g_cs, aqk_n, aqk_raw, base, c, scale):
@@ -147,7 +164,10 @@ def calls(q, qn, v_new, h, g_cs, aqk_n, aqk_raw, base, c, scale):
         "plain": lambda: ops.chunk_output(qn, None, v_new, h, g_cs, scale=scale, config=cfg, aqk=aqk_n),
         "qq": lambda: ops.chunk_output(q, None, v_new, h, g_cs, scale=scale, fuse_q=True, config=cfg, aqk=aqk_raw),
         "sum": lambda: sum_output(q, v_new, h, g_cs, aqk_raw, scale, c, None),
-        "rowsum": lambda: sum_output(q, v_new, h, g_cs, aqk_raw, scale, c, None, row_sum=True),
+        "rowsum": lambda: sum_output(q, v_new, h, g_cs, aqk_raw, scale, c, None, mode=1),
+        "qq_copy": lambda: sum_output(q, v_new, h, g_cs, aqk_raw, scale, c, None, mode=2),
+        "qq_pre": lambda: sum_output(q, v_new, h, g_cs, aqk_raw, scale, c, None, mode=2, preload=True),
+        "plain_pre": lambda: sum_output(qn, v_new, h, g_cs, aqk_n, scale, c, None, mode=3, preload=True),
     }
 
 
@@ -180,13 +200,17 @@ def offline(configs, H=96, T=256, K=128, V=128):
 
 
 def main():
+    global VARIANTS
     ap = argparse.ArgumentParser()
     ap.add_argument("--tiny", action="store_true", help="small fp32 shape (CPU interpreter smoke test)")
     ap.add_argument("--offline", action="store_true", help="registers and stack per variant and config (no GPU)")
+    ap.add_argument("--variants", help=f"comma-separated subset of {','.join(VARIANTS)} (plain always runs)")
     args = ap.parse_args()
+    if args.variants:
+        VARIANTS = ("plain",) + tuple(v for v in args.variants.split(",") if v in VARIANTS and v != "plain")
     configs = [KernelConfig(BK=bk, BV=128, num_warps=w, num_stages=s, maxnreg=r)
-               for bk, w, s, r in ((32, 4, 3, 168), (64, 4, 2, 168), (64, 4, 2, None), (128, 4, 2, None),
-                                   (128, 8, 2, None), (128, 4, 1, None))]
+               for bk, w, s, r in ((32, 4, 3, 168), (32, 4, 3, None), (32, 4, 3, 200), (64, 4, 3, 168),
+                                   (64, 4, 2, None), (128, 4, 2, None), (64, 8, 2, None))]
     if args.offline:
         offline(configs)
         return
@@ -203,6 +227,8 @@ def main():
         for c in configs:
             res = {}
             for variant, fn in calls(q, qn, v_new, h, g_cs, aqk_n, aqk_raw, base, c, K ** -0.5).items():
+                if variant not in VARIANTS:
+                    continue
                 try:
                     out = fn()
                     res[variant] = (bench(fn), out)

@@ -58,7 +58,12 @@ def _qh_qk(qb, kb, hb, rows, m_t, o_v, r_k, K: tl.constexpr, V: tl.constexpr, st
 @triton.jit
 def _qgh(qb, gb, hb, rows, m_t, o_v, K: tl.constexpr, V: tl.constexpr, stride, g_stride,
          BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, FUSE_Q: tl.constexpr, PREC: tl.constexpr):
-    """((q * exp2(g)) h, q q^T) accumulated over the K-tile loop, g per element; q q^T only with FUSE_Q."""
+    """((q * exp2(g)) h, q q^T) accumulated over the K-tile loop, g per element; q q^T only with FUSE_Q.
+
+    q q^T is issued first, as soon as q is loaded: on the H200 (kda-legacy6 h96_fixed, the stage
+    alone, best of seven configs each) a copy of this kernel issuing it first cost 3.0 us over the
+    plain kernel, this kernel issuing it after (q exp(g)) h 7.0 us (h64_fixed: 3.8 and 7.4 us;
+    logs/20261130_session7/kda_output_preload.log, qq_copy vs qq)."""
     b_o = tl.zeros([BT, BV], dtype=tl.float32)
     b_qq = tl.zeros([BT, BT], dtype=tl.float32)
     for i_k in range(tl.cdiv(K, BK)):
@@ -67,11 +72,11 @@ def _qgh(qb, gb, hb, rows, m_t, o_v, K: tl.constexpr, V: tl.constexpr, stride, g
         m_tk = m_t[:, None] & m_k[None, :]
         b_q = tl.load(qb + rows[:, None] * stride + o_k[None, :], mask=m_tk, other=0.0)
         b_g = tl.load(gb + rows[:, None] * g_stride + o_k[None, :], mask=m_tk, other=0.0)
+        if FUSE_Q:
+            b_qq = tl.dot(b_q, tl.trans(b_q), b_qq, input_precision=PREC)
         b_qg = (b_q.to(tl.float32) * tl.math.exp2(b_g)).to(b_q.dtype)  # |q exp(g)| <= |q|: no overflow
         b_h = tl.load(hb + o_k[:, None] * V + o_v[None, :], mask=m_k[:, None] & (o_v < V)[None, :], other=0.0)
         b_o = tl.dot(b_qg, b_h, b_o, input_precision=PREC)
-        if FUSE_Q:
-            b_qq = tl.dot(b_q, tl.trans(b_q), b_qq, input_precision=PREC)
     return b_o, b_qq
 
 
