@@ -30,7 +30,7 @@ sys.path.insert(0, HERE)
 import torch  # noqa: E402
 
 from gdnbench import inputs as inputs_mod  # noqa: E402
-from gdnbench import ops, shapes, timing, tuned  # noqa: E402
+from gdnbench import shapes, timing, tuned  # noqa: E402
 from gdnbench.check import rel_rms  # noqa: E402
 from gdnbench.kernels import config as cfg_mod  # noqa: E402
 from gpu_gdn_check import bench_graph  # noqa: E402
@@ -46,18 +46,15 @@ def convert(cfg, take: dict[str, str]):
     return cfg_mod.GDNConfig(**kw)
 
 
-def call_of(mod, shape, route, x, cfg):
-    op = mod.chunk_kda if shape.family == "kda" else mod.chunk_gdn
-    kw = dict(scale=x.scale, initial_state=x.initial_state, output_final_state=True, config=cfg)
-    if shape.family == "kda":
-        kw["lower_bound"] = x.lower_bound
-    if x.cu_seqlens is not None:
-        kw["cu_seqlens"] = x.cu_seqlens
-        kw["chunk_indices"] = mod.prepare_varlen(x.cu_seqlens)
-    if route == "explicit":
-        return lambda: op(mod.l2norm(x.q, cfg.l2norm), mod.l2norm(x.k, cfg.l2norm), x.v, x.g, x.beta, norm="none",
-                          **kw)
-    return lambda: op(x.q, x.k, x.v, x.g, x.beta, norm=route, **kw)
+def call_of(package: str, shape, route, x, cfg):
+    """The zero-argument forward that ``package``'s gdnbench backend times, run with ``cfg``."""
+    base = importlib.import_module(f"{package}.backends.gdnbench").GdnbenchBackend
+
+    class Fixed(base):
+        def _config(self, shape, route, device):
+            return cfg, "fixed"
+
+    return Fixed().prepare(shape, route, x)
 
 
 def geo(xs):
@@ -74,7 +71,6 @@ def main():
     args = ap.parse_args()
     take = dict(s.split("=", 1) for s in args.new_config)
     sys.path.insert(0, args.old)
-    old_ops = importlib.import_module("gdnbench_old.ops")
     old_tuned = importlib.import_module("gdnbench_old.tuned")
     routes = args.routes.split(",")
     env = tuned.device_env()
@@ -83,8 +79,8 @@ def main():
         x = inputs_mod.make_inputs(shape).to("cuda")
         for route in routes:
             old_cfg, label = old_tuned.tuned_config(shape, route, env, cache_dir=tuned.TUNED_DIR)
-            calls = {"old": call_of(old_ops, shape, route, x, old_cfg),
-                     "new": call_of(ops, shape, route, x, convert(old_cfg, take))}
+            calls = {"old": call_of("gdnbench_old", shape, route, x, old_cfg),
+                     "new": call_of("gdnbench", shape, route, x, convert(old_cfg, take))}
             outs = {k: fn() for k, fn in calls.items()}
             t = {"old": math.inf, "new": math.inf}
             for k in ("old", "new", "old", "new"):
