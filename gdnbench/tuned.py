@@ -5,9 +5,10 @@ key matches the machine and the code:
 
 - ``gpu`` (device name) and ``compute_capability``: another chip has other limits;
 - ``triton``: another compiler makes other code from the same config;
-- ``source_hash``: sha256 of the kernel's module file and ``kernels/common.py`` (its shared
-  helpers). Editing a kernel makes its entries stale: they are ignored with a warning
-  (a new ``gdnbench autotune`` replaces them);
+- ``source_hash``: sha256 of the source of the kernel's jit functions and of every module-level
+  definition they reach by name (helpers, constants; ``from .common import`` followed), so an
+  edit makes stale the entries of exactly the kernels whose code it touches: they are ignored
+  with a warning (a new ``gdnbench autotune`` replaces them);
 - ``shape_key``: the family (``gdn_`` / ``kda_`` prefix: KDA runs other specializations of the
   shared kernels, with per-channel gates), K, V, H, HV, storage dtype, fixed or varlen (the
   kernels compile separately for each), and the token count rounded up to a power of two (the
@@ -22,6 +23,7 @@ No torch import here; :func:`device_env` imports it lazily.
 
 from __future__ import annotations
 
+import ast
 import contextlib
 import dataclasses
 import functools
@@ -37,15 +39,15 @@ TUNED_DIR = RESULTS_DIR / "tuned"
 CACHE_SCHEMA = 1
 KERNELS = ("l2norm", "gram", "kda_intra", "wu", "state", "output", "output_fused")
 KERNEL_DIR = Path(__file__).resolve().parent / "kernels"
-# the files whose text decides each kernel's code (its module and the shared helpers)
-KERNEL_SOURCES = {
-    "l2norm": ("common.py",),
-    "gram": ("intra.py", "common.py"),
-    "kda_intra": ("intra.py", "common.py"),
-    "wu": ("intra.py", "common.py"),
-    "state": ("state.py", "common.py"),
-    "output": ("output.py", "common.py"),
-    "output_fused": ("output.py", "common.py"),
+# the jit functions each tuned kernel launches: (module in kernels/, function names)
+KERNEL_FUNCTIONS = {
+    "l2norm": ("common.py", ("l2norm_kernel",)),
+    "gram": ("intra.py", ("gram_solve_kernel",)),
+    "kda_intra": ("intra.py", ("kda_cumsum_kernel", "kda_intra_kernel")),
+    "wu": ("intra.py", ("wu_kernel",)),
+    "state": ("state.py", ("state_kernel",)),
+    "output": ("output.py", ("output_kernel",)),
+    "output_fused": ("output.py", ("output_kernel",)),
 }
 # the stage kernels each route launches, per family (explicit runs the same kernels as flag);
 # KDA runs kda_intra where GDN runs gram and shares the others
@@ -81,11 +83,40 @@ def variant_of(kernel: str, route: str, family: str = "gdn") -> str:
 
 
 @functools.lru_cache(maxsize=None)
+def _module_defs(module: str) -> dict[str, tuple[str, str, ast.AST]]:
+    """Module-level name -> (module, source text, node) of one file in kernels/, names imported
+    with ``from .x import`` resolved to their defining module."""
+    text = (KERNEL_DIR / module).read_text()
+    defs = {}
+    for node in ast.parse(text).body:
+        if isinstance(node, ast.ImportFrom) and node.level == 1 and node.module:
+            other = _module_defs(node.module + ".py")
+            defs.update({a.asname or a.name: other[a.name] for a in node.names if a.name in other})
+        elif isinstance(node, (ast.FunctionDef, ast.Assign, ast.AnnAssign)):
+            targets = [node.name] if isinstance(node, ast.FunctionDef) else [
+                t.id for t in (node.targets if isinstance(node, ast.Assign) else [node.target])
+                if isinstance(t, ast.Name)]
+            for name in targets:
+                defs[name] = (module, ast.get_source_segment(text, node), node)
+    return defs
+
+
+@functools.lru_cache(maxsize=None)
 def source_hash(kernel: str) -> str:
-    """sha256 over the text of the files that define the kernel (see KERNEL_SOURCES)."""
+    """sha256 over the source of ``kernel``'s jit functions and every module-level definition
+    they reach by name, transitively (see KERNEL_FUNCTIONS)."""
+    module, roots = KERNEL_FUNCTIONS[kernel]
+    seen, todo = {}, [(module, name) for name in roots]
+    while todo:
+        where, name = todo.pop()
+        found = _module_defs(where).get(name)
+        if found is None or found[:2] in seen:
+            continue
+        seen[found[:2]] = name
+        todo += [(found[0], n.id) for n in ast.walk(found[2]) if isinstance(n, ast.Name)]
     h = hashlib.sha256()
-    for name in KERNEL_SOURCES[kernel]:
-        h.update(name.encode() + b"\0" + (KERNEL_DIR / name).read_bytes() + b"\0")
+    for (where, text), name in sorted(seen.items()):
+        h.update(f"{where}:{name}".encode() + b"\0" + text.encode() + b"\0")
     return "sha256:" + h.hexdigest()
 
 
