@@ -298,18 +298,21 @@ def test_source_hash_follows_each_kernels_own_code(tmp_path, monkeypatch):
 
     kdir = tmp_path / "kernels"
     shutil.copytree(tuned.KERNEL_DIR, kdir)
-    before = hashes(kdir)
-    assert before["output"] == before["output_fused"] and len(set(before.values())) == len(before) - 1
-    intra = kdir / "intra.py"
-    intra.write_text(intra.read_text().replace("def gram_solve_kernel(", "def gram_solve_kernel(  ", 1))
-    after = hashes(kdir)
-    assert [k for k in before if before[k] != after[k]] == ["gram"]
-    common = kdir / "common.py"
-    common.write_text(common.read_text().replace("SSQ_LO = tl.constexpr(2.0**-70)", "SSQ_LO = tl.constexpr(2.0**-71)"))
-    changed = {k for k, h in hashes(kdir).items() if h != after[k]}
-    assert changed == {"l2norm", "gram", "kda_intra", "output", "output_fused"}  # via row_rstd / l2_rstd
-    tuned._module_defs.cache_clear()
-    tuned.source_hash.cache_clear()
+    try:
+        before = hashes(kdir)
+        assert before["output"] == before["output_fused"] and len(set(before.values())) == len(before) - 1
+        intra = kdir / "intra.py"
+        intra.write_text(intra.read_text().replace("def gram_solve_kernel(", "def gram_solve_kernel(  ", 1))
+        after = hashes(kdir)
+        assert [k for k in before if before[k] != after[k]] == ["gram"]
+        common = kdir / "common.py"
+        common.write_text(common.read_text().replace("SSQ_LO = tl.constexpr(2.0**-70)",
+                                                     "SSQ_LO = tl.constexpr(2.0**-71)"))
+        changed = {k for k, h in hashes(kdir).items() if h != after[k]}
+        assert changed == {"l2norm", "gram", "kda_intra", "output", "output_fused"}  # via row_rstd / l2_rstd
+    finally:  # the caches must not keep the copy's hashes for later tests
+        tuned._module_defs.cache_clear()
+        tuned.source_hash.cache_clear()
 
 
 def test_tuned_config_uses_matching_entry(tmp_path):
