@@ -5,6 +5,7 @@ the same stage configs (the autotune cache's winners as the old tree resolves th
     git archive HEAD gdnbench | tar -x -C /tmp/old && mv /tmp/old/gdnbench /tmp/old/gdnbench_old
     python scripts/gpu_ab.py --old /tmp/old --shapes kda-legacy6 --routes explicit,fused_q,fused_qk
     python scripts/gpu_ab.py --old /tmp/old --new-config output_fused=output   # a stage's config from another
+    python scripts/gpu_ab.py --old /tmp/old --shapes gdn-qwen6 --shape-id h16_hv32_fixed8k --routes fused_qk
 
 A kernel edit makes its cache entries stale for the new tree, so `gdnbench run` alone would compare a
 tuned old tree with a default new one; here both get the old tree's configs.  Per shape and route:
@@ -65,6 +66,7 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--old", required=True, help="directory holding the old tree's package as gdnbench_old")
     ap.add_argument("--shapes", default="kda-legacy6")
+    ap.add_argument("--shape-id", default="", help="comma-separated shape ids of the set (default: all)")
     ap.add_argument("--routes", default="explicit,fused_q,fused_qk")
     ap.add_argument("--new-config", action="append", default=[], metavar="STAGE=FROM",
                     help="the new tree runs STAGE with the config of stage FROM (repeatable)")
@@ -75,7 +77,11 @@ def main():
     routes = args.routes.split(",")
     env = tuned.device_env()
     rows = []
-    for shape in shapes.load(args.shapes).shapes:
+    ids = [i for i in args.shape_id.split(",") if i]
+    chosen = [s for s in shapes.load(args.shapes).shapes if not ids or s.id in ids]
+    if not chosen:
+        sys.exit(f"--shape-id: none of {args.shape_id} is in {args.shapes}")
+    for shape in chosen:
         x = inputs_mod.make_inputs(shape).to("cuda")
         for route in routes:
             old_cfg, label = old_tuned.tuned_config(shape, route, env, cache_dir=tuned.TUNED_DIR)

@@ -133,7 +133,8 @@ def main() -> None:
         try:
             res = compile_launch(kernel, a, kw, opts, args.sass)
         except Exception as e:  # report and go on: the point is to see every kernel's outcome
-            res = f"FAILED {type(e).__name__}: {str(e).splitlines()[0][:160] if str(e) else ''}"
+            cause = e.__cause__ or e  # Triton's CompilationError puts the real error in its cause
+            res = f"FAILED {type(cause).__name__}: {str(cause).strip().splitlines()[-1][:200] if str(cause) else ''}"
         print(f"  {name:20s} {str(opts):52s} {res}", flush=True)
 
 
