@@ -169,13 +169,13 @@ def _run(shapes, backends, routes, shape_ids, mode, device, out, l2, warmup, rou
     for r in routes_l:
         if r not in registry.ALL_ROUTES:
             raise UsageError(f"--routes: unknown route {r!r} (known: {', '.join(registry.ALL_ROUTES)})")
+    named_sets = [shp.load(n) for n in _split(shapes)]  # named input fails before the device probe
+    for b in _split(backends):
+        registry.get(b)  # unknown names fail here, before anything runs
     device = _resolve_device(device)
     defaults = (DECODE_SETS, ("smoke-decode",)) if mode == "decode" else (CONTRACT_SETS, ("smoke",))
-    set_names = _split(shapes) or list(defaults[0] if device == "cuda" else defaults[1])
-    sets = [shp.load(n) for n in set_names]
+    sets = named_sets or [shp.load(n) for n in (defaults[0] if device == "cuda" else defaults[1])]
     backend_names = _split(backends) or list(registry.DEFAULT_BACKENDS[device])
-    for b in backend_names:
-        registry.get(b)  # unknown names fail here, before anything runs
     if device == "cpu":
         warmup, rounds, iters = min(warmup, 1), min(rounds, 2), min(iters, 2)
     # fwd_bwd: the fp64 oracle's autograd keeps ~2 states [N,HV,K,V] per token, hence the shorter default

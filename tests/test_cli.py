@@ -55,6 +55,16 @@ def test_run_bad_arguments(args, words):
     assert r.exit_code == EXIT_BAD_INPUT and words in r.output and "Traceback" not in r.output
 
 
+@pytest.mark.parametrize("args, words", [
+    (("--shapes", "no-such-set"), "no shape set 'no-such-set'"),
+    (("--shapes", "smoke", "--backends", "nope"), "unknown backend 'nope'"),
+])
+def test_run_named_input_checked_before_the_device(args, words):
+    """A wrong set or backend name is reported as such on any machine, not as a missing GPU."""
+    r = invoke("run", *args)
+    assert r.exit_code == EXIT_BAD_INPUT and words in r.output and "Traceback" not in r.output
+
+
 def test_run_report_compare_plot_on_cpu(tmp_path):
     out = tmp_path / "smoke.json"
     r = invoke("run", "--device", "cpu", "--shapes", "smoke", "--backends", "reference", "--routes",
