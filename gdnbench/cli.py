@@ -184,6 +184,9 @@ def _run(shapes, backends, routes, shape_ids, mode, device, out, l2, warmup, rou
     if out is not None and len(sets) > 1 and out.suffix == ".json":
         raise UsageError(f"--out {out}: several shape sets write several files; give a directory")
     ids = _split(shape_ids)
+    unknown = [i for i in ids if all(i not in {s.id for s in ss.shapes} for ss in sets)]
+    if unknown:
+        raise UsageError(f"--shape-id: {', '.join(unknown)} in none of {', '.join(ss.name for ss in sets)}")
     env = results.capture_env(device)
     if resume is not None and len(sets) > 1:
         raise UsageError("--resume continues one results file: give one shape set")

@@ -49,6 +49,7 @@ def test_run_without_cuda_points_to_cpu():
     (("--routes", "sideways"), "unknown route 'sideways'"),
     (("--l2", "lukewarm"), "--l2"),
     (("--shapes", "no-such-set"), "no shape set 'no-such-set'"),
+    (("--shapes", "smoke", "--shape-id", "gdn_fixed_b2,nope"), "--shape-id: nope in none of smoke"),
 ])
 def test_run_bad_arguments(args, words):
     r = invoke("run", "--device", "cpu", *args)
