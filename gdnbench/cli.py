@@ -278,6 +278,7 @@ def report(
 
     with _bad_input_exits():
         doc = results.load(file)
+        _check_baseline(doc, baseline)
         mode = mode or rep.run_mode(doc)
         if mode not in rep.MODES:
             raise UsageError(f"--mode {mode!r}: use {' or '.join(rep.MODES)}")
@@ -288,6 +289,13 @@ def report(
     if markdown:
         markdown.write_text(rep.to_markdown(tables))
         console.print(f"[green]wrote[/green] {markdown}")
+
+
+def _check_baseline(doc: dict, baseline: Optional[str]) -> None:
+    """A --baseline must name a backend:route of the file (else every ratio would read '-')."""
+    known = sorted({f"{r['backend']}:{r['route']}" for r in doc.get("rows", [])})
+    if baseline is not None and baseline not in known:
+        raise UsageError(f"--baseline {baseline!r}: not in this file (its backend:routes: {', '.join(known)})")
 
 
 def _calibration_for(doc: dict, file) -> dict:
@@ -359,6 +367,7 @@ def plot(
         _fail(f"--kind {kind!r}: use gpu or wall")
     with _bad_input_exits():
         doc = results.load(file)
+        _check_baseline(doc, baseline)
         calib = _calibration_for(doc, file) if roofline else None
     try:
         if calib is not None:

@@ -78,6 +78,8 @@ def test_run_report_compare_plot_on_cpu(tmp_path):
                for x in d["rows"])
     assert "2 shape(s) in" in r.output and "oracles" in r.output
     assert out.with_suffix(".png").exists()
+    r = invoke("report", str(out), "--baseline", "fla:explicit")
+    assert r.exit_code == EXIT_BAD_INPUT and "--baseline 'fla:explicit': not in this file" in r.output
     r = invoke("report", str(out), "--markdown", str(tmp_path / "r.md"))
     assert r.exit_code == 0 and "reference:flag/reference:explicit" in r.output
     assert "over 2/2 shapes" in (tmp_path / "r.md").read_text()
