@@ -37,7 +37,6 @@ from .results import RESULTS_DIR, slug, write_atomic
 
 TUNED_DIR = RESULTS_DIR / "tuned"
 CACHE_SCHEMA = 1
-KERNELS = ("l2norm", "gram", "kda_intra", "wu", "state", "output", "output_fused")
 KERNEL_DIR = Path(__file__).resolve().parent / "kernels"
 # the jit functions each tuned kernel launches: (module in kernels/, function names)
 KERNEL_FUNCTIONS = {
@@ -49,6 +48,7 @@ KERNEL_FUNCTIONS = {
     "output": ("output.py", ("output_kernel",)),
     "output_fused": ("output.py", ("output_kernel",)),
 }
+KERNELS = tuple(KERNEL_FUNCTIONS)
 # the stage kernels each route launches, per family (explicit runs the same kernels as flag);
 # KDA runs kda_intra where GDN runs gram and shares the others
 _GDN_ROUTES = {
