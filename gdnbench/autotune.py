@@ -536,16 +536,16 @@ class _Bench:
         if self.kda:
             g_cs, A, aqk, rk = ops.kda_intra(q, k, x.g, x.beta, varlen=info, fuse_k=fuse_k, raw_q=fuse_q, config=cfg)
         else:
-            g_cs, A, rk = ops.gram_solve(k, x.g, x.beta, varlen=info, fuse_k=fuse_k, config=cfg)
+            g_cs, A, rk, ssq = ops.gram_solve(k, x.g, x.beta, varlen=info, fuse_k=fuse_k, config=cfg)
         w, u, kg = ops.recompute_wu(k, x.v, x.beta, A, g_cs, rstd_k=rk, varlen=info, config=cfg)
         # the operands of the state and output kernels that differ by family
-        state_k, state_rk = (kg, None) if self.kda else (k, rk)
-        out_k, out_rk = (None, None) if self.kda else (k, rk)
-        h, vn, _ = ops.state_recurrence(state_k, w, u, g_cs, rstd_k=state_rk, initial_state=h0,
+        state_k = kg if self.kda else k
+        out_k, out_rk, out_ssq = (None, None, None) if self.kda else (k, rk, ssq)
+        h, vn, _ = ops.state_recurrence(state_k, w, u, g_cs, initial_state=h0,
                                         output_final_state=True, varlen=info, config=cfg)
         self._stage[route] = dict(q=q, k=k, g_cs=g_cs, A=A, aqk=aqk, rk=rk, w=w, u=u, h0=h0, h=h, vn=vn,
-                                  info=info, fuse_k=fuse_k, fuse_q=fuse_q, state_k=state_k, state_rk=state_rk,
-                                  out_k=out_k, out_rk=out_rk)
+                                  info=info, fuse_k=fuse_k, fuse_q=fuse_q, state_k=state_k,
+                                  out_k=out_k, out_rk=out_rk, out_ssq=out_ssq)
         return self._stage[route]
 
     def stage_call(self, kernel: str, route: str, cfg):
@@ -563,11 +563,11 @@ class _Bench:
             return lambda: ops.recompute_wu(st["k"], x.v, x.beta, st["A"], st["g_cs"], rstd_k=st["rk"],
                                             varlen=info, config=cfg)
         if kernel == "state":
-            return lambda: ops.state_recurrence(st["state_k"], st["w"], st["u"], st["g_cs"], rstd_k=st["state_rk"],
+            return lambda: ops.state_recurrence(st["state_k"], st["w"], st["u"], st["g_cs"],
                                                 initial_state=st["h0"], output_final_state=True, varlen=info,
                                                 config=cfg)
         return lambda: ops.chunk_output(st["q"], st["out_k"], st["vn"], st["h"], st["g_cs"], scale=x.scale,
-                                        rstd_k=st["out_rk"], fuse_q=st["fuse_q"], varlen=info, config=cfg,
+                                        rstd_k=st["out_rk"], ssq_k=st["out_ssq"], fuse_q=st["fuse_q"], varlen=info, config=cfg,
                                         aqk=st["aqk"])
 
     def time_us(self, fn) -> tuple[float, str]:
@@ -1062,12 +1062,12 @@ SEED_KERNELS = {"output": ("output", "output_fused"), "output_fused": ("output_f
 
 def seed_points(cache_dir: Path, env: dict, task: Task, shape, limit: int = MAX_SEEDS) -> list[Point]:
     """Distinct best configs of the same kernel's current cache entries on this machine (and of its
-    SEED_KERNELS partner) for shapes of the same family, head sizes and dtype: this shape's other
-    variants first, then other shapes. The pool compiles them with the default in one batch, so they
-    cost one compile wave."""
+    SEED_KERNELS partner) for shapes of the same family, head sizes and dtype: this very search's
+    winner on older code first (an edit made it stale), then this shape's other variants, then other
+    shapes. The pool compiles them with the default in one batch, so they cost one compile wave."""
     want = tuned.entry_key(env, task.kernel, shape, task.variant)
     prefix = f"{shape.family}_K{shape.K}_V{shape.V}_"
-    same, other = [], []
+    previous, same, other = [], [], []
     entries = []
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", tuned.StaleEntry)
@@ -1078,16 +1078,19 @@ def seed_points(cache_dir: Path, env: dict, task: Task, shape, limit: int = MAX_
         key = e.get("key", {})
         if any(key.get(k) != want[k] for k in ("gpu", "compute_capability", "triton")):
             continue
-        if key.get("source_hash") != tuned.source_hash(kernel):
-            continue
         sk = key.get("shape_key", "")
-        if not sk.startswith(prefix) or f"_{shape.dtype}_" not in sk or not has_winner(e):
+        this_search = sk == want["shape_key"] and key.get("variant") == task.variant and kernel == task.kernel
+        if not has_winner(e):
             continue
-        if sk == want["shape_key"] and key.get("variant") == task.variant and kernel == task.kernel:
-            continue  # this very search
+        if key.get("source_hash") != tuned.source_hash(kernel):
+            if this_search:
+                previous.append(e["best"]["config"])
+            continue
+        if this_search or not sk.startswith(prefix) or f"_{shape.dtype}_" not in sk:
+            continue
         (same if sk == want["shape_key"] else other).append(e["best"]["config"])
     out: list[Point] = []
-    for p in same + other:
+    for p in previous + same + other:
         if p not in out:
             out.append(p)
     return out[:limit]

@@ -428,7 +428,7 @@ def prepare_forward(q, k, v, g, beta, *, scale: float, initial_state=None, cu_se
             g_cs, A, aqk, _ = ops.kda_intra(qn, kn, gp, bp, varlen=info, raw_q=fuse_q, config=cfg)
             w, u, kg = ops.recompute_wu(kn, vp, bp, A, g_cs, varlen=info, config=cfg)
             return (kg[0], w[0], u[0], g_cs[0], h0) + tables, (qn[0], g_cs[0], aqk[0])
-        g_cs, A, _ = ops.gram_solve(kn, gp, bp, varlen=info, config=cfg)
+        g_cs, A, _, _ = ops.gram_solve(kn, gp, bp, varlen=info, config=cfg)
         w, u, _ = ops.recompute_wu(kn, vp, bp, A, g_cs, varlen=info, config=cfg)
         return (kn[0], w[0], u[0], g_cs[0], h0) + tables, (qn[0], kn[0], g_cs[0])
 

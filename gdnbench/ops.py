@@ -28,8 +28,9 @@ gram and A = (I + L)^-1; (2) recompute_wu: w = A (beta exp(g) k), u = A (beta v)
 
 ``norm``: "none" (q, k as given), "flag" (standalone l2norm of q and k, then the
 kernels), "fused_q" (q's norm folded into the output kernel, k standalone),
-"fused_qk" (k's norm too: its rstd is computed by the gram kernel and applied to
-every later use of k; no normalized copy of k is written).  Fused routes are
+"fused_qk" (k's norm too: its rstd is computed by the gram kernel, applied to the
+gram and, GDN, to the rows of w and u, so v_new carries it and the state and output
+kernels run on raw k; no normalized copy of k is written).  Fused routes are
 forward-only.  Every route is forward-only in the sense that no autograd graph
 is recorded; only the fused routes refuse inputs that require grad.
 
@@ -48,7 +49,7 @@ from dataclasses import dataclass
 import torch
 import triton
 
-from .kernels.common import l2norm_kernel
+from .kernels.common import FLAG_BLOCK as _FLAG_BLOCK, l2norm_kernel
 from .kernels.config import (
     CHUNK_SIZE,
     DEFAULT_CONFIG,
@@ -84,6 +85,7 @@ __all__ = [
 ]
 
 NORM_MODES = ("none", "flag", "fused_q", "fused_qk")
+FLAG_BLOCK = _FLAG_BLOCK.value  # flags per program of a fix-up launch
 KDA_MIN_LOWER_BOUND = -5.0  # the kernels' gate factors are sized for g >= -5 (kernels/intra.py)
 
 
@@ -97,13 +99,14 @@ def _interpreting() -> bool:
 LAUNCH_HOOKS: list = []
 
 
-def _launch(kernel, grid, cfg, *args, **kwargs):
-    """Launch with the config's num_warps/num_stages; maxnreg only on GPU and only when set."""
+def _launch(kernel, grid, cfg, *args, hooks=True, **kwargs):
+    """Launch with the config's num_warps/num_stages; maxnreg only on GPU and only when set.
+    hooks=False for a fix-up launch, so LAUNCH_HOOKS see the main kernel's registers."""
     opts = {"num_warps": cfg.num_warps, "num_stages": cfg.num_stages}
     if cfg.maxnreg is not None and not _interpreting():
         opts["maxnreg"] = cfg.maxnreg
     compiled = kernel[grid](*args, **kwargs, **opts)
-    for hook in LAUNCH_HOOKS:
+    for hook in LAUNCH_HOOKS if hooks else ():
         hook(kernel, compiled)
 
 
@@ -179,19 +182,26 @@ def l2norm(x: torch.Tensor, config: L2NormConfig | None = None) -> torch.Tensor:
 # ----------------------------------------------------------------------------- stages
 def gram_solve(k, g, beta, *, varlen=None, fuse_k=False, config: GDNConfig = DEFAULT_CONFIG):
     """Stage 1: (g_cs [B,T,HV] fp32 = cumsum(g)*log2 e per chunk, A [B,T,HV,64] in k's dtype,
-    rstd_k [B,T,H] fp32 or None)."""
+    rstd_k [B,T,H] fp32 or None, ssq_k [chunks, H] fp32 or None: the largest sum of squares of each
+    chunk's k rows).  fuse_k: a second launch (FIXUP) redoes, overflow-safe, the chunks whose ssq_k
+    reached 2^100; its programs of other chunks only read ssq_k."""
     B, T, H, K = k.shape
     HV = beta.shape[2]
     n_grid, NT = _chunk_grid(B, T, varlen)
     g_cs = torch.empty(B, T, HV, device=k.device, dtype=torch.float32)
     A = torch.empty(B, T, HV, CHUNK_SIZE, device=k.device, dtype=k.dtype)
     rstd_k = torch.empty(B, T, H, device=k.device, dtype=torch.float32) if fuse_k else None
+    ssq_k = torch.empty(B * n_grid, H, device=k.device, dtype=torch.float32) if fuse_k else None
     cfg = config.gram
-    _launch(gram_solve_kernel, (n_grid, B * HV), cfg,
-            k, g, beta, g_cs, A, rstd_k, *_varlen_args(varlen), T, NT,
-            H=H, HV=HV, K=K, BK=block(cfg.BK, K), BT=CHUNK_SIZE, BC=SUB_CHUNK,
-            IS_VARLEN=varlen is not None, FUSE_K=fuse_k, PREC=_precision(k.dtype))
-    return g_cs, A, rstd_k
+    n_flags = B * n_grid * H  # (passed to the fix-up only: an unused argument would change the main PTX)
+    for fixup in (False, True) if fuse_k else (False,):
+        grid = (triton.cdiv(n_flags, FLAG_BLOCK),) if fixup else (n_grid, B * HV)
+        _launch(gram_solve_kernel, grid, cfg,
+                k, g, beta, g_cs, A, rstd_k, ssq_k, *_varlen_args(varlen), T, NT, n_flags if fixup else None,
+                H=H, HV=HV, K=K, BK=block(cfg.BK, K), BT=CHUNK_SIZE, BC=SUB_CHUNK,
+                IS_VARLEN=varlen is not None, FUSE_K=fuse_k, FIXUP=fixup, PREC=_precision(k.dtype),
+                hooks=not fixup)
+    return g_cs, A, rstd_k, ssq_k
 
 
 def kda_intra(q, k, g, beta, *, varlen=None, fuse_k=False, raw_q=False, config: GDNConfig = DEFAULT_CONFIG):
@@ -242,11 +252,12 @@ def recompute_wu(k, v, beta, A, g_cs, *, rstd_k=None, varlen=None, config: GDNCo
     return w, u, kg
 
 
-def state_recurrence(k, w, u, g_cs, *, rstd_k=None, initial_state=None, output_final_state=False,
+def state_recurrence(k, w, u, g_cs, *, initial_state=None, output_final_state=False,
                      varlen=None, config: GDNConfig = DEFAULT_CONFIG):
     """Stage 3: (h [num_chunks, HV, K, V] in k's dtype, v_new like u, final_state [N,HV,K,V] fp32 or None).
 
-    Per-channel gates (g_cs [B,T,HV,K]): pass stage 2's kg as ``k`` (k's rstd already in it)."""
+    Per-channel gates (g_cs [B,T,HV,K]): pass stage 2's kg as ``k`` (k's rstd already in it).
+    Under fused_qk k is raw: stage 2 put k's rstd on the rows of w and u (so on v_new's)."""
     B, T, H, K = k.shape
     HV, V = u.shape[2], u.shape[3]
     N = varlen.num_seqs if varlen is not None else B
@@ -257,30 +268,40 @@ def state_recurrence(k, w, u, g_cs, *, rstd_k=None, initial_state=None, output_f
     cfg = config.state
     BV = block(cfg.BV, V)
     _launch(state_kernel, (triton.cdiv(V, BV), N * HV), cfg,
-            k, w, u, g_cs, rstd_k, h, v_new, initial_state, ht,
+            k, w, u, g_cs, h, v_new, initial_state, ht,
             None if varlen is None else varlen.cu_seqlens, None if varlen is None else varlen.chunk_offsets, T,
             H=H, HV=HV, K=K, V=V, BV=BV, BT=CHUNK_SIZE,
-            IS_VARLEN=varlen is not None, FUSE_K=rstd_k is not None, PER_CHANNEL=g_cs.dim() == 4,
+            IS_VARLEN=varlen is not None, PER_CHANNEL=g_cs.dim() == 4,
             USE_H0=initial_state is not None, STORE_HT=output_final_state, PREC=_precision(k.dtype))
     return h, v_new, ht
 
 
-def chunk_output(q, k, v_new, h, g_cs, *, scale, rstd_k=None, fuse_q=False, varlen=None,
+def chunk_output(q, k, v_new, h, g_cs, *, scale, rstd_k=None, ssq_k=None, fuse_q=False, varlen=None,
                  config: GDNConfig = DEFAULT_CONFIG, aqk=None):
     """Stage 4: o [B,T,HV,V] in v_new's dtype.
 
-    Per-channel gates (g_cs [B,T,HV,K]): pass stage 1's ``aqk``; k is not read (may be None)."""
+    Per-channel gates (g_cs [B,T,HV,K]): pass stage 1's ``aqk``; k is not read (may be None).
+    GDN fused_qk (``rstd_k`` and ``ssq_k`` from :func:`gram_solve`, fuse_q): k is raw and v_new's
+    rows carry k's rstd; a second launch (FIXUP) redoes the programs where a raw q k^T could overflow."""
     B, T, H, K = q.shape
     HV, V = v_new.shape[2], v_new.shape[3]
     n_grid, NT = _chunk_grid(B, T, varlen)
     o = torch.empty_like(v_new)
+    fuse_k = rstd_k is not None
+    if fuse_k and (ssq_k is None or not fuse_q or g_cs.dim() == 4):
+        raise ValueError("chunk_output: rstd_k needs ssq_k and fuse_q (GDN fused_qk)")
     cfg = config.output_fused if fuse_q else config.output
     BV = block(cfg.BV, V)
-    _launch(output_kernel, (triton.cdiv(V, BV), n_grid, B * HV), cfg,
-            q, k, v_new, h, g_cs, rstd_k, aqk, o, *_varlen_args(varlen), float(scale), T, NT,
-            H=H, HV=HV, K=K, V=V, BK=block(cfg.BK, K), BV=BV, BT=CHUNK_SIZE,
-            IS_VARLEN=varlen is not None, FUSE_Q=fuse_q, FUSE_K=rstd_k is not None,
-            PER_CHANNEL=g_cs.dim() == 4, PREC=_precision(q.dtype))
+    grid = (triton.cdiv(V, BV), n_grid, B * HV)
+    n_flags = grid[0] * grid[1] * grid[2]
+    risky = torch.empty(n_flags, device=q.device, dtype=torch.int8) if fuse_k else None
+    for fixup in (False, True) if fuse_k else (False,):
+        _launch(output_kernel, (triton.cdiv(n_flags, FLAG_BLOCK),) if fixup else grid, cfg,
+                q, k, v_new, h, g_cs, rstd_k, ssq_k, aqk, o, risky, *_varlen_args(varlen), float(scale), T, NT,
+                *((n_grid, n_flags) if fixup else (None, None)),
+                H=H, HV=HV, K=K, V=V, BK=block(cfg.BK, K), BV=BV, BT=CHUNK_SIZE,
+                IS_VARLEN=varlen is not None, FUSE_Q=fuse_q, FUSE_K=fuse_k,
+                PER_CHANNEL=g_cs.dim() == 4, FIXUP=fixup, PREC=_precision(q.dtype), hooks=not fixup)
     return o
 
 
@@ -381,10 +402,10 @@ def _forward(q, k, v, g, beta, scale, initial_state, output_final_state, cu_seql
         o = chunk_output(q, None, v_new, h, g_cs, scale=scale, fuse_q=fuse_q, varlen=varlen, config=config,
                          aqk=aqk)
         return o, final_state
-    g_cs, A, rstd_k = gram_solve(k, g, beta, varlen=varlen, fuse_k=fuse_k, config=config)
+    g_cs, A, rstd_k, ssq_k = gram_solve(k, g, beta, varlen=varlen, fuse_k=fuse_k, config=config)
     w, u, _ = recompute_wu(k, v, beta, A, g_cs, rstd_k=rstd_k, varlen=varlen, config=config)
-    h, v_new, final_state = state_recurrence(k, w, u, g_cs, rstd_k=rstd_k, initial_state=initial_state,
+    h, v_new, final_state = state_recurrence(k, w, u, g_cs, initial_state=initial_state,
                                              output_final_state=output_final_state, varlen=varlen, config=config)
-    o = chunk_output(q, k, v_new, h, g_cs, scale=scale, rstd_k=rstd_k, fuse_q=fuse_q, varlen=varlen,
+    o = chunk_output(q, k, v_new, h, g_cs, scale=scale, rstd_k=rstd_k, ssq_k=ssq_k, fuse_q=fuse_q, varlen=varlen,
                      config=config)
     return o, final_state

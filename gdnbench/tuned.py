@@ -15,8 +15,8 @@ key matches the machine and the code:
   grid size that decides occupancy; shapes within a factor of two share their tuning), e.g.
   ``kda_K128_V128_H96_HV96_bfloat16_fixed_T8192``;
 - ``variant``: which specialization of the kernel ran (``plain``; ``fuse_k`` for the k-norm
-  folded into gram/kda_intra/wu/state under fused_qk, though not into KDA's state, which reads
-  kg; ``fused_q`` / ``fused_qk`` for output_fused).
+  folded into gram/kda_intra/wu under fused_qk (the state kernel runs plain: GDN's v_new carries
+  k's rstd, KDA's kg does); ``fused_q`` / ``fused_qk`` for output_fused).
 
 No torch import here; :func:`device_env` imports it lazily.
 """
@@ -76,7 +76,7 @@ def variant_of(kernel: str, route: str, family: str = "gdn") -> str:
     its output kernel reads Aqk, which kda_intra built with k's rstd: fused_qk runs fused_q's."""
     if kernel == "output_fused":
         return "fused_q" if family == "kda" else route
-    fuse_k = ("gram", "wu", "state") if family == "gdn" else ("kda_intra", "wu")
+    fuse_k = ("gram", "wu") if family == "gdn" else ("kda_intra", "wu")
     if kernel in fuse_k and route == "fused_qk":
         return "fuse_k"
     return "plain"

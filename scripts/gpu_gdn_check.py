@@ -180,18 +180,18 @@ def stage_times(shape, config: GDNConfig, fuse: bool) -> dict[str, float]:
     info = ops.prepare_varlen(cu) if cu is not None else None
     if not fuse:
         q, k = ops.l2norm(q), ops.l2norm(k)
-    g_cs, A, rk = ops.gram_solve(k, g, beta, varlen=info, fuse_k=fuse, config=config)
+    g_cs, A, rk, ssq = ops.gram_solve(k, g, beta, varlen=info, fuse_k=fuse, config=config)
     w, u, _ = ops.recompute_wu(k, v, beta, A, g_cs, rstd_k=rk, varlen=info, config=config)
-    h, vn, _ = ops.state_recurrence(k, w, u, g_cs, rstd_k=rk, initial_state=h0, output_final_state=True,
+    h, vn, _ = ops.state_recurrence(k, w, u, g_cs, initial_state=h0, output_final_state=True,
                                     varlen=info, config=config)
     t = {}
     if not fuse:
         t["l2norm(q)"] = bench(lambda: ops.l2norm(q, config.l2norm))
     t["gram+solve"] = bench(lambda: ops.gram_solve(k, g, beta, varlen=info, fuse_k=fuse, config=config))
     t["w,u"] = bench(lambda: ops.recompute_wu(k, v, beta, A, g_cs, rstd_k=rk, varlen=info, config=config))
-    t["state"] = bench(lambda: ops.state_recurrence(k, w, u, g_cs, rstd_k=rk, initial_state=h0,
+    t["state"] = bench(lambda: ops.state_recurrence(k, w, u, g_cs, initial_state=h0,
                                                     output_final_state=True, varlen=info, config=config))
-    t["output"] = bench(lambda: ops.chunk_output(q, k, vn, h, g_cs, scale=K**-0.5, rstd_k=rk, fuse_q=fuse,
+    t["output"] = bench(lambda: ops.chunk_output(q, k, vn, h, g_cs, scale=K**-0.5, rstd_k=rk, ssq_k=ssq, fuse_q=fuse,
                                                  varlen=info, config=config))
     return {n: x * 1e3 for n, x in t.items()}
 

@@ -66,10 +66,10 @@ def make(shape, dev, dtype):
 
 
 def stage_inputs(q, k, v, g, beta, h0, info, fuse_k, cfg):
-    g_cs, A, rk = ops.gram_solve(k, g, beta, varlen=info, fuse_k=fuse_k, config=cfg)
+    g_cs, A, rk, ssq = ops.gram_solve(k, g, beta, varlen=info, fuse_k=fuse_k, config=cfg)
     w, u, _ = ops.recompute_wu(k, v, beta, A, g_cs, rstd_k=rk, varlen=info, config=cfg)
-    h, vn, _ = ops.state_recurrence(k, w, u, g_cs, rstd_k=rk, initial_state=h0, varlen=info, config=cfg)
-    return g_cs, rk, h, vn
+    h, vn, _ = ops.state_recurrence(k, w, u, g_cs, initial_state=h0, varlen=info, config=cfg)
+    return g_cs, (rk, ssq), h, vn
 
 
 def main():
@@ -110,7 +110,7 @@ def main():
                                                              config=dataclasses.replace(base, output=c))),
             "q": lambda c, qv: (lambda: ops.chunk_output(q, kn, vn1, h1, g1, scale=K**-0.5, fuse_q=True,
                                                          varlen=info, config=dataclasses.replace(base, output_fused=c))),
-            "qk": lambda c, qv: (lambda: ops.chunk_output(q, k, vn2, h2, g2, scale=K**-0.5, rstd_k=rk, fuse_q=True,
+            "qk": lambda c, qv: (lambda: ops.chunk_output(q, k, vn2, h2, g2, scale=K**-0.5, rstd_k=rk[0], ssq_k=rk[1], fuse_q=True,
                                                           varlen=info, config=dataclasses.replace(base, output_fused=c))),
         }
         variants = [("plain", 0), ("q", 0), ("qk", 0)]

@@ -27,7 +27,7 @@ from triton.compiler import ASTSource  # noqa: E402
 
 from gdnbench import ops  # noqa: E402
 
-DTYPES = {torch.bfloat16: "bf16", torch.float16: "fp16", torch.float32: "fp32", torch.int64: "i64",
+DTYPES = {torch.bfloat16: "bf16", torch.float16: "fp16", torch.float32: "fp32", torch.int64: "i64", torch.int8: "i8",
           torch.int32: "i32"}
 BIN = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin")
 

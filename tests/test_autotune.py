@@ -83,8 +83,9 @@ def test_kda_tasks_per_route():
         ("state", "plain", "flag"), ("output", "plain", "flag"), ("output_fused", "fused_q", "fused_q"),
         ("kda_intra", "fuse_k", "fused_qk"), ("wu", "fuse_k", "fused_qk")]
     assert {t.family for t in tasks} == {"kda"}
-    # KDA's state reads kg (k's rstd already in it): one specialization on every route
-    assert tuned.variant_of("state", "fused_qk", "kda") == "plain" and tuned.variant_of("state", "fused_qk") == "fuse_k"
+    # the state kernel runs plain on every route: KDA's reads kg (k's rstd already in it), GDN's
+    # v_new carries k's rstd on its rows
+    assert tuned.variant_of("state", "fused_qk", "kda") == "plain" and tuned.variant_of("state", "fused_qk") == "plain"
     assert tuned.variant_of("output_fused", "fused_qk", "kda") == "fused_q"
     assert tuned.variant_of("output_fused", "fused_qk") == "fused_qk"
     assert at.plan_tasks(["fused_qk"], ["gram"], "kda") == [] and at.plan_tasks(["flag"], ["kda_intra"]) == []
@@ -170,6 +171,10 @@ def test_seed_points_come_from_current_entries_of_the_same_kernel_and_family(tmp
     save(kda, "plain", {"BK": 16, "num_warps": 4, "num_stages": 4, "maxnreg": None})  # other family
     assert at.seed_points(tmp_path, env, task, a) == [p1, p2]
     assert at.seed_points(tmp_path, env, task, a, limit=1) == [p1]
+    # this very search's winner on older code (the edit made it stale) seeds first
+    p0 = {"BK": 16, "num_warps": 2, "num_stages": 2, "maxnreg": None}
+    save(a, "fuse_k", p0, source="sha256:old")
+    assert at.seed_points(tmp_path, env, task, a) == [p0, p1, p2]
     # the output kernels seed each other
     p3 = {"BK": 128, "BV": 128, "num_warps": 4, "num_stages": 2, "maxnreg": None}
     save(a, "plain", p3, family_kernel="output")
@@ -324,8 +329,8 @@ def test_tuned_config_uses_matching_entry(tmp_path):
     assert cfg.state == KernelConfig(BV=64, num_warps=4, num_stages=3, maxnreg=128)
     assert label.startswith("tuned: state[") and "r=128" in label
     assert cfg.gram == tuned.tuned_config(shape, "flag", None, tmp_path)[0].gram  # untouched kernels: default
-    # fused_qk runs the fuse_k specialization of state: not tuned here
-    assert tuned.tuned_config(shape, "fused_qk", ENV, tmp_path)[1] == "default"
+    # fused_qk runs the same (plain) state kernel
+    assert tuned.tuned_config(shape, "fused_qk", ENV, tmp_path)[0].state == cfg.state
     # another GPU, another shape bucket, no env: default
     assert tuned.tuned_config(shape, "flag", {**ENV, "gpu": "NVIDIA B200"}, tmp_path)[1] == "default"
     assert tuned.tuned_config(_shape(lens=(32768,)), "flag", ENV, tmp_path)[1] == "default"

@@ -22,6 +22,7 @@ LOG2E = tl.constexpr(1.4426950408889634)
 L2_EPS = tl.constexpr(1e-6)
 SSQ_BIG = tl.constexpr(2.0**100)  # above this sum of squares, use the pre-scaled one
 SSQ_LO = tl.constexpr(2.0**-70)  # pre-scale: (2^128 * 2^-70)^2 * 256 = 2^124 stays finite
+FLAG_BLOCK = tl.constexpr(1024)  # flags one program of a fix-up launch reads at once
 
 
 @triton.jit
@@ -78,6 +79,18 @@ def row_rstd(xb, rows, m_t, ssq, K: tl.constexpr, stride, BK: tl.constexpr):
             xl = x.to(tl.float32) * SSQ_LO
             lo += tl.sum(xl * xl, 1)
     return l2_rstd(ssq, lo)
+
+
+@triton.jit
+def diag_ssq(G, o, PREC: tl.constexpr):
+    """Row sums of squares as the diagonal of a gram X X^T (o = arange of its rows).  Under tf32x3
+    (fp32 storage) the split products of a row beyond ~1e21 overflow with both signs and its
+    diagonal entry comes out NaN (H200: fp32 q rows of 1e25 gave NaN outputs, 1e20 did not): read
+    as inf, so the caller's huge-row path takes the row."""
+    s = tl.sum(tl.where(o[:, None] == o[None, :], G, 0.0), 1)
+    if PREC == "tf32x3":
+        s = tl.where(s == s, s, float("inf"))
+    return s
 
 
 @triton.jit

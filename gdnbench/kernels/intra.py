@@ -20,7 +20,7 @@ state update's key operand.
 import triton
 import triton.language as tl
 
-from .common import LOG2E, SSQ_BIG, chunk_coords, row_rstd
+from .common import FLAG_BLOCK, L2_EPS, LOG2E, SSQ_BIG, chunk_coords, diag_ssq, l2_rstd, row_rstd, sq_sums
 
 # KDA, fused_qk: above this sum of squares a raw k row times its e^75 gate factor may overflow fp32
 RAW_K_SSQ_MAX = tl.constexpr(2.0**38)
@@ -74,28 +74,16 @@ def _gram_blocks(kb, r0, r1, r2, r3, m0, m1, m2, m3, n0, n1, n2, n3, stride,
 
 
 @triton.jit
-def _diag(G, o):
-    return tl.sum(tl.where(o[:, None] == o[None, :], G, 0.0), 1)
-
-
-@triton.jit
-def _k_rstd(kb, rstd_k, tok0, i_h, i_hv, r0, r1, r2, r3, m0, m1, m2, m3, g00, g11, g22, g33, o,
-            H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, BK: tl.constexpr):
-    """k's row rstd from the raw gram's diagonal blocks (the rows' sums of squares), stored to rstd_k
-    (one writer per key head); returns the rstd of the four sub-blocks and the largest sum of squares."""
-    s0, s1, s2, s3 = _diag(g00, o), _diag(g11, o), _diag(g22, o), _diag(g33, o)
-    n0 = row_rstd(kb, r0, m0, s0, K, H * K, BK)
-    n1 = row_rstd(kb, r1, m1, s1, K, H * K, BK)
-    n2 = row_rstd(kb, r2, m2, s2, K, H * K, BK)
-    n3 = row_rstd(kb, r3, m3, s3, K, H * K, BK)
-    if i_hv % (HV // H) == 0:
-        rb = rstd_k + tok0 * H + i_h
-        tl.store(rb + r0 * H, n0, mask=m0)
-        tl.store(rb + r1 * H, n1, mask=m1)
-        tl.store(rb + r2 * H, n2, mask=m2)
-        tl.store(rb + r3 * H, n3, mask=m3)
-    sm = tl.maximum(tl.maximum(tl.max(s0, 0), tl.max(s1, 0)), tl.maximum(tl.max(s2, 0), tl.max(s3, 0)))
-    return n0, n1, n2, n3, sm
+def _rows_rstd(kb, rows, m_t, K: tl.constexpr, stride, BK: tl.constexpr, BC: tl.constexpr):
+    """Overflow-safe rstd of the rows of k from both sums of squares (common.sq_sums), read from k."""
+    ssq = tl.zeros([BC], dtype=tl.float32)
+    lo = tl.zeros([BC], dtype=tl.float32)
+    for i_k in range(tl.cdiv(K, BK)):
+        o_k = i_k * BK + tl.arange(0, BK)
+        s, s_lo = sq_sums(_load_rows(kb, rows, m_t, o_k, K, stride).to(tl.float32))
+        ssq += s
+        lo += s_lo
+    return l2_rstd(ssq, lo)
 
 
 @triton.jit
@@ -216,20 +204,10 @@ def _store_lower(ab, r0, r1, r2, r3, m0, m1, m2, m3, x00, x10, x11, x20, x21, x2
     _store_block(ab, r3, m3, 3 * BC, x33, st, o)
 
 
-@triton.jit(do_not_specialize=["T", "NT"])
-def gram_solve_kernel(
-    k, g, beta, g_cs, A, rstd_k, cu_seqlens, chunk_indices, T, NT,
-    H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, BK: tl.constexpr,
-    BT: tl.constexpr, BC: tl.constexpr,
-    IS_VARLEN: tl.constexpr, FUSE_K: tl.constexpr, PREC: tl.constexpr,
-):
-    """Grid (chunks, B*HV).  Writes g_cs (chunk-local cumsum of g, times log2 e), A = (I + L)^-1,
-    and, with FUSE_K, rstd_k = 1/||k_row|| (computed here, where k is first read)."""
-    i_c, i_bh = tl.program_id(0), tl.program_id(1)
-    i_b, i_hv = i_bh // HV, i_bh % HV
-    i_h = i_hv // (HV // H)
-    tok0, n_valid, i_g = chunk_coords(i_c, i_b, T, NT, cu_seqlens, chunk_indices, BT, IS_VARLEN)
-
+@triton.jit
+def _gram_solve(k, g, beta, g_cs, A, rstd_k, ssq_k, tok0, n_valid, i_g, i_h, i_hv,
+                H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, BK: tl.constexpr,
+                BT: tl.constexpr, BC: tl.constexpr, FUSE_K: tl.constexpr, RARE: tl.constexpr, PREC: tl.constexpr):
     o = tl.arange(0, BC)  # rows of sub-block j are j*BC + o within the chunk
     r0 = o
     r1 = o + BC
@@ -260,22 +238,41 @@ def gram_solve_kernel(
     b2 = tl.load(bb + r2 * HV, mask=m2, other=0.0).to(tl.float32)
     b3 = tl.load(bb + r3 * HV, mask=m3, other=0.0).to(tl.float32)
 
-    # ---- gram K K^T on raw k; with FUSE_K, rstd_k from the diagonal blocks (the rows' sums
-    # of squares, free), written here where k is first read
+    # ---- gram K K^T; with FUSE_K, k's rstd from its diagonal blocks (the rows' sums of squares,
+    # free), applied to the gram's rows and columns and written here, where k is first read
     kb = k + tok0 * (H * K) + i_h * K
-    one = tl.full([BC], 1.0, dtype=tl.float32)
-    g00, g10, g11, g20, g21, g22, g30, g31, g32, g33 = _gram_blocks(
-        kb, r0, r1, r2, r3, m0, m1, m2, m3, one, one, one, one, H * K, K, BK, BC, False, PREC)
-    if FUSE_K:
-        n0, n1, n2, n3, sm = _k_rstd(kb, rstd_k, tok0, i_h, i_hv, r0, r1, r2, r3, m0, m1, m2, m3,
-                                     g00, g11, g22, g33, o, H, HV, K, BK)
-        if sm >= SSQ_BIG:
-            # rare: a huge row may have overflowed the raw gram; redo it on rows normalized on load
-            g00, g10, g11, g20, g21, g22, g30, g31, g32, g33 = _gram_blocks(
-                kb, r0, r1, r2, r3, m0, m1, m2, m3, n0, n1, n2, n3, H * K, K, BK, BC, True, PREC)
-        else:
+    if RARE:
+        # the fix-up pass, for a chunk whose largest sum of squares reached SSQ_BIG (the raw gram may
+        # have overflowed): overflow-safe rstd read from k, and the gram of rows normalized on load
+        n0 = _rows_rstd(kb, r0, m0, K, H * K, BK, BC)
+        n1 = _rows_rstd(kb, r1, m1, K, H * K, BK, BC)
+        n2 = _rows_rstd(kb, r2, m2, K, H * K, BK, BC)
+        n3 = _rows_rstd(kb, r3, m3, K, H * K, BK, BC)
+        g00, g10, g11, g20, g21, g22, g30, g31, g32, g33 = _gram_blocks(
+            kb, r0, r1, r2, r3, m0, m1, m2, m3, n0, n1, n2, n3, H * K, K, BK, BC, True, PREC)
+    else:
+        one = tl.full([BC], 1.0, dtype=tl.float32)
+        g00, g10, g11, g20, g21, g22, g30, g31, g32, g33 = _gram_blocks(
+            kb, r0, r1, r2, r3, m0, m1, m2, m3, one, one, one, one, H * K, K, BK, BC, False, PREC)
+        if FUSE_K:
+            s0, s1 = diag_ssq(g00, o, PREC), diag_ssq(g11, o, PREC)
+            s2, s3 = diag_ssq(g22, o, PREC), diag_ssq(g33, o, PREC)
+            n0 = 1.0 / tl.sqrt(s0 + L2_EPS)
+            n1 = 1.0 / tl.sqrt(s1 + L2_EPS)
+            n2 = 1.0 / tl.sqrt(s2 + L2_EPS)
+            n3 = 1.0 / tl.sqrt(s3 + L2_EPS)
             g00, g10, g11, g20, g21, g22, g30, g31, g32, g33 = _scale_blocks(
                 g00, g10, g11, g20, g21, g22, g30, g31, g32, g33, n0, n1, n2, n3, n0, n1, n2, n3)
+    if FUSE_K:
+        if i_hv % (HV // H) == 0:  # one writer per key head
+            rb = rstd_k + tok0 * H + i_h
+            tl.store(rb + r0 * H, n0, mask=m0)
+            tl.store(rb + r1 * H, n1, mask=m1)
+            tl.store(rb + r2 * H, n2, mask=m2)
+            tl.store(rb + r3 * H, n3, mask=m3)
+            if not RARE:
+                sm = tl.maximum(tl.maximum(tl.max(s0, 0), tl.max(s1, 0)), tl.maximum(tl.max(s2, 0), tl.max(s3, 0)))
+                tl.store(ssq_k + i_g * H + i_h, sm)
 
     # ---- L = strict-lower(beta * gram * decay)
     l00 = _gate_block(g00, b0, c0, c0, m0, m0, True, o)
@@ -296,6 +293,47 @@ def gram_solve_kernel(
                  x00, x10, x11, x20, x21, x22, x30, x31, x32, x33, HV * BT, o, BC)
 
 
+@triton.jit(do_not_specialize=["T", "NT", "n_flags"])
+def gram_solve_kernel(
+    k, g, beta, g_cs, A, rstd_k, ssq_k, cu_seqlens, chunk_indices, T, NT, n_flags,
+    H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, BK: tl.constexpr,
+    BT: tl.constexpr, BC: tl.constexpr,
+    IS_VARLEN: tl.constexpr, FUSE_K: tl.constexpr, FIXUP: tl.constexpr, PREC: tl.constexpr,
+):
+    """Grid (chunks, B*HV).  Writes g_cs (chunk-local cumsum of g, times log2 e), A = (I + L)^-1,
+    and, with FUSE_K, rstd_k = 1/||k_row|| and ssq_k, the largest sum of squares of each chunk's
+    k rows ([chunks, H], n_flags entries), both computed here where k is first read.
+
+    FUSE_K's rare case is a second launch (FIXUP, grid cdiv(n_flags, FLAG_BLOCK)) that redoes,
+    overflow-safe, only the chunks whose ssq_k reached SSQ_BIG (rows of |x| ~ 1e15 and up).  Each of
+    its few programs reads FLAG_BLOCK entries of ssq_k at once, so where nothing is flagged the
+    launch costs about one small kernel; a launch of the full grid, each program reading its own
+    entry, cost 3.5 us at 8K tokens and 11 us at 32K (H200, gdn-qwen6), since every program
+    reserves the whole body's registers and shared memory."""
+    if FIXUP:
+        offs = tl.program_id(0) * FLAG_BLOCK + tl.arange(0, FLAG_BLOCK)
+        if tl.max(tl.load(ssq_k + offs, mask=offs < n_flags, other=0.0), 0) >= SSQ_BIG:
+            for j in range(FLAG_BLOCK):
+                e = tl.program_id(0) * FLAG_BLOCK + j
+                if tl.load(ssq_k + e, mask=e < n_flags, other=0.0) >= SSQ_BIG:
+                    i_g, i_h = e // H, e % H
+                    if IS_VARLEN:
+                        i_c, i_b = i_g, 0
+                    else:
+                        i_c, i_b = i_g % NT, i_g // NT
+                    tok0, n_valid, i_g = chunk_coords(i_c, i_b, T, NT, cu_seqlens, chunk_indices, BT, IS_VARLEN)
+                    for r in range(HV // H):
+                        _gram_solve(k, g, beta, g_cs, A, rstd_k, ssq_k, tok0, n_valid, i_g, i_h,
+                                    i_h * (HV // H) + r, H, HV, K, BK, BT, BC, True, True, PREC)
+    else:
+        i_c, i_bh = tl.program_id(0), tl.program_id(1)
+        i_b, i_hv = i_bh // HV, i_bh % HV
+        i_h = i_hv // (HV // H)
+        tok0, n_valid, i_g = chunk_coords(i_c, i_b, T, NT, cu_seqlens, chunk_indices, BT, IS_VARLEN)
+        _gram_solve(k, g, beta, g_cs, A, rstd_k, ssq_k, tok0, n_valid, i_g, i_h, i_hv,
+                    H, HV, K, BK, BT, BC, FUSE_K, False, PREC)
+
+
 @triton.jit(do_not_specialize=["T", "NT"])
 def wu_kernel(
     k, v, beta, g_cs, A, rstd_k, w, u, kg, cu_seqlens, chunk_indices, T, NT,
@@ -306,7 +344,9 @@ def wu_kernel(
     """Grid (chunks, B*HV).  w = A (beta * exp(g) * k_norm) and u = A (beta * v).
 
     With FUSE_K the row factor rstd_k is folded into the per-row scale of k,
-    so the normalized k is never materialized.  PER_CHANNEL (KDA): g_cs is
+    so the normalized k is never materialized; for GDN w's and u's rows are also multiplied
+    by it, so v_new = u - w h carries k's rstd on its rows and the state and output kernels
+    use raw k: (diag(r) k)^T v_new = k^T (diag(r) v_new).  PER_CHANNEL (KDA): g_cs is
     [B,T,HV,K], exp(g) scales k per element, and kg = k_norm * exp(g_last - g) is written."""
     i_c, i_bh = tl.program_id(0), tl.program_id(1)
     i_b, i_hv = i_bh // HV, i_bh % HV
@@ -319,6 +359,8 @@ def wu_kernel(
                   mask=m_t[:, None], other=0.0)
     b_beta = tl.load(beta + tok0 * HV + i_hv + rows * HV, mask=m_t, other=0.0).to(tl.float32)
 
+    if FUSE_K and not PER_CHANNEL:  # (u's rows are scaled too)
+        r_k = tl.load(rstd_k + tok0 * H + i_h + rows * H, mask=m_t, other=0.0)
     vb = v + tok0 * (HV * V) + i_hv * V
     ub = u + tok0 * (HV * V) + i_hv * V
     for i_v in range(tl.cdiv(V, BV)):
@@ -327,13 +369,16 @@ def wu_kernel(
         b_v = tl.load(vb + rows[:, None] * (HV * V) + o_v[None, :], mask=msk, other=0.0)
         b_vb = (b_v * b_beta[:, None]).to(b_A.dtype)
         b_u = tl.dot(b_A, b_vb, input_precision=PREC)
+        if FUSE_K and not PER_CHANNEL:
+            b_u *= r_k[:, None]
         tl.store(ub + rows[:, None] * (HV * V) + o_v[None, :], b_u.to(u.dtype.element_ty), mask=msk)
 
     row_scale = b_beta
     if not PER_CHANNEL:
         row_scale = b_beta * tl.math.exp2(tl.load(g_cs + tok0 * HV + i_hv + rows * HV, mask=m_t, other=0.0))
     if FUSE_K:
-        r_k = tl.load(rstd_k + tok0 * H + i_h + rows * H, mask=m_t, other=0.0)
+        if PER_CHANNEL:
+            r_k = tl.load(rstd_k + tok0 * H + i_h + rows * H, mask=m_t, other=0.0)
         row_scale *= r_k
     kb = k + tok0 * (H * K) + i_h * K
     wb = w + tok0 * (HV * K) + i_hv * K
@@ -356,6 +401,8 @@ def wu_kernel(
         else:
             b_kb = (b_k.to(tl.float32) * row_scale[:, None]).to(b_A.dtype)
         b_w = tl.dot(b_A, b_kb, input_precision=PREC)
+        if FUSE_K and not PER_CHANNEL:
+            b_w *= r_k[:, None]
         tl.store(wb + rows[:, None] * (HV * K) + o_k[None, :], b_w.to(w.dtype.element_ty), mask=msk)
 
 
@@ -469,10 +516,10 @@ def _kda_grams(qb, kb, gcb, rows, valid, n_valid, n, H: tl.constexpr, HV: tl.con
 
 @triton.jit
 def _k_rstd_full(kb, rstd_k, tok0, i_h, i_hv, rows, valid, ss, H: tl.constexpr, HV: tl.constexpr,
-                 K: tl.constexpr, BK: tl.constexpr, STORE: tl.constexpr):
+                 K: tl.constexpr, BK: tl.constexpr, STORE: tl.constexpr, PREC: tl.constexpr):
     """k's row rstd from the raw k k^T diagonal (stored to rstd_k by one writer per key head when
     STORE) and whether a row's sum of squares reached RAW_K_SSQ_MAX."""
-    ssq = tl.sum(tl.where(rows[:, None] == rows[None, :], ss, 0.0), 1)
+    ssq = diag_ssq(ss, rows, PREC)
     n = row_rstd(kb, rows, valid, ssq, K, H * K, BK)
     if STORE:
         if i_hv % (HV // H) == 0:
@@ -490,7 +537,7 @@ def _kda_gram_normed(qb, kb, gcb, rstd_k, tok0, i_h, i_hv, rows, valid, n_valid,
     d, od, ss = _kda_grams(qb, kb, gcb, rows, valid, n_valid, one, H, HV, K, BK, BT, BC, X_IS_K, not X_IS_K,
                            False, FUSE_K, DOT_BF16, PREC)
     if FUSE_K:
-        n, huge = _k_rstd_full(kb, rstd_k, tok0, i_h, i_hv, rows, valid, ss, H, HV, K, BK, X_IS_K)
+        n, huge = _k_rstd_full(kb, rstd_k, tok0, i_h, i_hv, rows, valid, ss, H, HV, K, BK, X_IS_K, PREC)
         if huge:
             # rare: a k row of norm >= 2^19 may have overflowed its e^75 factor; redo the gram on
             # rows normalized on load

@@ -11,11 +11,14 @@ loaded q tile instead (tl.sum in the loop) cost 117-121 us, and with the loop
 software-pipelined (BK 64, 4 warps, 2 stages) it gave wrong sums (rel-RMS 0.23 of o),
 as did a pair of such sums, while the dot is right in every config.
 
-FUSE_K multiplies each loaded k tile by rstd_k (k's rows, from the gram kernel), so
-the loop's q k^T is already in k's normalized basis and no raw product can overflow.  A row whose plain sum of squares reaches 2^100 (|x| ~ 1e15
-and up) gets its rstd from a pre-scaled sum (common.row_rstd), re-read from q
-only then.  Limitation: the raw-q products can overflow fp32 only for |q| rows
-beyond ~1e36.
+FUSE_K (GDN): v_new's rows carry k's rstd (the w/u kernel scales w and u by it), so the
+loop runs on raw k and (q k^T) v_new is already (q k_norm^T) times the unscaled v_new: the
+kernel does no work for k's norm.  A raw product can overflow fp32 only where |q| |k| does;
+each program compares that bound (q's row sums of squares, the chunk's largest of k's from the
+gram kernel) with 2^120 and writes a flag, and a second launch (FIXUP) redoes the flagged
+programs with k normalized on load.  A row whose plain sum of squares reaches 2^100 (|x| ~ 1e15
+and up) gets its rstd from a pre-scaled sum (common.row_rstd), re-read from q only then.
+Limitation: the raw-q products can overflow fp32 only for |q| rows beyond ~1e36.
 
 PER_CHANNEL (KDA): o = scale * ((q * exp(g)) h + Aqk v_new), with exp(g) per element
 of the q tile and the gated causal q k^T (Aqk) precomputed by the KDA intra kernel
@@ -27,8 +30,11 @@ No k is read: k's norm is already inside Aqk and h.
 import triton
 import triton.language as tl
 
-from .common import chunk_coords, row_rstd
+from .common import FLAG_BLOCK, chunk_coords, diag_ssq, row_rstd
 
+# FUSE_K: a program whose |q|max |k|max reaches this runs again in the fix-up launch (k normalized on load)
+RAW_QK_MAX = tl.constexpr(2.0**120)
+RAW_K_SSQ_MAX_FP16 = tl.constexpr(2.0**30)  # fp16: |k| >= 2^15 may take q_norm k^T out of fp16's range
 
 
 @triton.jit
@@ -81,26 +87,16 @@ def _qgh(qb, gb, hb, rows, m_t, o_v, K: tl.constexpr, V: tl.constexpr, stride, g
 
 
 @triton.jit
-def _q_rstd(b_qq, qb, rows, m_t, K: tl.constexpr, stride, BK: tl.constexpr):
+def _q_rstd(b_qq, qb, rows, m_t, K: tl.constexpr, stride, BK: tl.constexpr, PREC: tl.constexpr):
     """q's row rstd from the diagonal of q q^T (the rows' sums of squares)."""
-    ssq = tl.sum(tl.where(rows[:, None] == rows[None, :], b_qq, 0.0), 1)
-    return row_rstd(qb, rows, m_t, ssq, K, stride, BK)
+    return row_rstd(qb, rows, m_t, diag_ssq(b_qq, rows, PREC), K, stride, BK)
 
 
-@triton.jit(do_not_specialize=["T", "NT"])
-def output_kernel(
-    q, k, v_new, h, g_cs, rstd_k, aqk, o, cu_seqlens, chunk_indices, scale, T, NT,
-    H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
-    BK: tl.constexpr, BV: tl.constexpr, BT: tl.constexpr,
-    IS_VARLEN: tl.constexpr, FUSE_Q: tl.constexpr, FUSE_K: tl.constexpr, PER_CHANNEL: tl.constexpr,
-    PREC: tl.constexpr,
-):
-    """Grid (cdiv(V, BV), chunks, B*HV).  PER_CHANNEL: g_cs is [B,T,HV,K], aqk [B,T,HV,BT], k unused."""
-    i_v, i_c, i_bh = tl.program_id(0), tl.program_id(1), tl.program_id(2)
-    i_b, i_hv = i_bh // HV, i_bh % HV
-    i_h = i_hv // (HV // H)
-    tok0, n_valid, i_g = chunk_coords(i_c, i_b, T, NT, cu_seqlens, chunk_indices, BT, IS_VARLEN)
-
+@triton.jit
+def _output(q, k, v_new, h, g_cs, rstd_k, ssq_k, aqk, o, risky, scale, tok0, n_valid, i_g, i_v, i_h, i_hv,
+            H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
+            BK: tl.constexpr, BV: tl.constexpr, BT: tl.constexpr, FUSE_Q: tl.constexpr, FUSE_K: tl.constexpr,
+            PER_CHANNEL: tl.constexpr, RARE: tl.constexpr, PREC: tl.constexpr):
     rows = tl.arange(0, BT)
     m_t = rows < n_valid
     o_v = i_v * BV + tl.arange(0, BV)
@@ -120,14 +116,14 @@ def output_kernel(
                       mask=m_t[:, None], other=0.0)
         b_o = tl.dot(b_A, b_vn.to(b_A.dtype), b_o, input_precision=PREC)
         if FUSE_Q:
-            b_o = b_o * (_q_rstd(b_qq, qb, rows, m_t, K, H * K, BK) * scale)[:, None]
+            b_o = b_o * (_q_rstd(b_qq, qb, rows, m_t, K, H * K, BK, PREC) * scale)[:, None]
         else:
             b_o = b_o * scale
         tl.store(o + tok0 * (HV * V) + i_hv * V + p_tv, b_o.to(o.dtype.element_ty), mask=m_tv)
     else:
-        if FUSE_K:
-            # k normalized on load (as the explicit route's l2norm rounds it): one K loop, no huge-row branch
-            r_k = tl.load(rstd_k + tok0 * H + i_h + rows * H, mask=m_t, other=0.0)
+        if RARE:
+            # k normalized on load, so no product can overflow
+            r_k = tl.load(rstd_k + tok0 * H + i_h + rows * H, mask=m_t, other=1.0)
             b_o, b_s, b_qq = _qh_qk(qb, kb, hb, rows, m_t, o_v, r_k, K, V, H * K, BT, BK, BV, FUSE_Q, True, PREC)
         else:
             b_o, b_s, b_qq = _qh_qk(qb, kb, hb, rows, m_t, o_v, m_t, K, V, H * K, BT, BK, BV, FUSE_Q, False, PREC)
@@ -138,12 +134,71 @@ def output_kernel(
         b_s = tl.where(keep, b_s * tl.math.exp2(c[:, None] - c[None, :]), 0.0)
         if FUSE_Q:
             # scale before the cast: an unnormalized fp16 row could overflow fp16
-            r_q = _q_rstd(b_qq, qb, rows, m_t, K, H * K, BK)
+            ssq = diag_ssq(b_qq, rows, PREC)
+            r_q = row_rstd(qb, rows, m_t, ssq, K, H * K, BK)
             b_o = b_o * r_q[:, None]
             b_s = b_s * r_q[:, None]
+            if FUSE_K and not RARE:
+                # |q k^T| <= |q| |k|: flag this program for the fix-up launch where that bound
+                # reaches 2^120 (fp16: where |k| alone may take q_norm k^T out of fp16's range)
+                ssq_km = tl.load(ssq_k + i_g * H + i_h)
+                flag = tl.sqrt(tl.max(ssq, 0)) * tl.sqrt(ssq_km) >= RAW_QK_MAX
+                if q.dtype.element_ty == tl.float16:
+                    flag = flag | (ssq_km >= RAW_K_SSQ_MAX_FP16)
+                pid = (tl.program_id(2) * tl.num_programs(1) + tl.program_id(1)) * tl.num_programs(0) + i_v
+                tl.store(risky + pid, flag.to(tl.int8))
 
         m_tv = m_t[:, None] & m_v[None, :]
         p_tv = rows[:, None] * (HV * V) + o_v[None, :]
         b_vn = tl.load(v_new + tok0 * (HV * V) + i_hv * V + p_tv, mask=m_tv, other=0.0)
+        if RARE:
+            b_vn = (b_vn.to(tl.float32) / r_k[:, None]).to(b_vn.dtype)  # v_new's rows carry r_k
         b_o = tl.dot(b_s.to(b_vn.dtype), b_vn, b_o, input_precision=PREC) * scale
         tl.store(o + tok0 * (HV * V) + i_hv * V + p_tv, b_o.to(o.dtype.element_ty), mask=m_tv)
+
+
+@triton.jit
+def _output_at(q, k, v_new, h, g_cs, rstd_k, ssq_k, aqk, o, risky, cu_seqlens, chunk_indices, scale, T, NT,
+               i_v, i_c, i_bh, H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
+               BK: tl.constexpr, BV: tl.constexpr, BT: tl.constexpr, IS_VARLEN: tl.constexpr,
+               FUSE_Q: tl.constexpr, FUSE_K: tl.constexpr, PER_CHANNEL: tl.constexpr, RARE: tl.constexpr,
+               PREC: tl.constexpr):
+    i_b, i_hv = i_bh // HV, i_bh % HV
+    i_h = i_hv // (HV // H)
+    tok0, n_valid, i_g = chunk_coords(i_c, i_b, T, NT, cu_seqlens, chunk_indices, BT, IS_VARLEN)
+    _output(q, k, v_new, h, g_cs, rstd_k, ssq_k, aqk, o, risky, scale, tok0, n_valid, i_g, i_v, i_h, i_hv,
+            H, HV, K, V, BK, BV, BT, FUSE_Q, FUSE_K, PER_CHANNEL, RARE, PREC)
+
+
+@triton.jit(do_not_specialize=["T", "NT", "NC", "n_flags"])
+def output_kernel(
+    q, k, v_new, h, g_cs, rstd_k, ssq_k, aqk, o, risky, cu_seqlens, chunk_indices, scale, T, NT, NC, n_flags,
+    H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
+    BK: tl.constexpr, BV: tl.constexpr, BT: tl.constexpr,
+    IS_VARLEN: tl.constexpr, FUSE_Q: tl.constexpr, FUSE_K: tl.constexpr, PER_CHANNEL: tl.constexpr,
+    FIXUP: tl.constexpr, PREC: tl.constexpr,
+):
+    """Grid (cdiv(V, BV), NC chunks, B*HV).  PER_CHANNEL: g_cs is [B,T,HV,K], aqk [B,T,HV,BT], k unused.
+
+    FUSE_K (GDN): ssq_k [chunks, H] from the gram kernel; every program writes its risky flag
+    (int8, one per program: n_flags).  FIXUP: the second launch, grid cdiv(n_flags, FLAG_BLOCK),
+    whose few programs read FLAG_BLOCK flags at once and redo only the flagged programs.  A fix-up
+    launch of the full grid, each program reading its own flag, cost 7 us at 8K tokens and 26 us at
+    32K (H200, gdn-qwen6): each of its programs carries the body's register and shared-memory
+    footprint."""
+    if FIXUP:
+        offs = tl.program_id(0) * FLAG_BLOCK + tl.arange(0, FLAG_BLOCK)
+        if tl.max(tl.load(risky + offs, mask=offs < n_flags, other=0), 0) != 0:
+            for j in range(FLAG_BLOCK):
+                pid = tl.program_id(0) * FLAG_BLOCK + j
+                if tl.load(risky + pid, mask=pid < n_flags, other=0) != 0:
+                    i_v = pid % tl.cdiv(V, BV)
+                    i_c = (pid // tl.cdiv(V, BV)) % NC
+                    i_bh = pid // (tl.cdiv(V, BV) * NC)
+                    _output_at(q, k, v_new, h, g_cs, rstd_k, ssq_k, aqk, o, risky, cu_seqlens, chunk_indices,
+                               scale, T, NT, i_v, i_c, i_bh, H, HV, K, V, BK, BV, BT, IS_VARLEN,
+                               True, True, False, True, PREC)
+    else:
+        _output_at(q, k, v_new, h, g_cs, rstd_k, ssq_k, aqk, o, risky, cu_seqlens, chunk_indices, scale, T, NT,
+                   tl.program_id(0), tl.program_id(1), tl.program_id(2), H, HV, K, V, BK, BV, BT, IS_VARLEN,
+                   FUSE_Q, FUSE_K, PER_CHANNEL, False, PREC)

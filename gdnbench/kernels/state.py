@@ -13,6 +13,9 @@ PER_CHANNEL (KDA) is the same walk with per-channel gates: ``k`` is kg = k *
 exp2(c_last - c) per element from the w/u kernel, with as many heads as v (and k's
 rstd folded in under fused_qk), and each state row decays by its own channel's
 exp2(c_last):  h = diag(exp2(c_last)) h + kg^T v_new.
+
+GDN's fused_qk runs this kernel as it is, on raw k: the w/u kernel put k's rstd on the rows
+of w and u, so v_new = u - w h carries it and k^T v_new is k_norm^T times the unscaled v_new.
 """
 
 import triton
@@ -55,10 +58,10 @@ def _channel_decay(gl, o_k, K: tl.constexpr):
 
 @triton.jit(do_not_specialize=["T"])
 def state_kernel(
-    k, w, u, g_cs, rstd_k, h, v_new, h0, ht, cu_seqlens, chunk_offsets, T,
+    k, w, u, g_cs, h, v_new, h0, ht, cu_seqlens, chunk_offsets, T,
     H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
     BV: tl.constexpr, BT: tl.constexpr,
-    IS_VARLEN: tl.constexpr, FUSE_K: tl.constexpr, PER_CHANNEL: tl.constexpr, USE_H0: tl.constexpr,
+    IS_VARLEN: tl.constexpr, PER_CHANNEL: tl.constexpr, USE_H0: tl.constexpr,
     STORE_HT: tl.constexpr, PREC: tl.constexpr,
 ):
     """Grid (cdiv(V, BV), N*HV).  h: [num_chunks, HV, K, V] per-chunk states (k's dtype),
@@ -154,8 +157,6 @@ def state_kernel(
             c_last = tl.load(gb + last * HV)
             c = tl.load(gb + rows * HV, mask=m_t, other=0.0)
             row_f = tl.where(m_t, tl.math.exp2(c_last - c), 0.0)
-            if FUSE_K:  # k's row norms ride on v's rows: (k diag-scaled)^T v = k^T (diag(r) v)
-                row_f *= tl.load(rstd_k + tok * H + i_h + rows * H, mask=m_t, other=0.0)
             b_vd = (b_vn * row_f[:, None]).to(k.dtype.element_ty)
             d_last = tl.math.exp2(c_last)
             d1, d2, d3, d4 = d_last, d_last, d_last, d_last
