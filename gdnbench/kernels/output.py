@@ -38,6 +38,16 @@ RAW_K_SSQ_MAX_FP16 = tl.constexpr(2.0**30)  # fp16: |k| >= 2^15 may take q_norm 
 
 
 @triton.jit
+def _qq_dot(b_q, b_qq, PREC: tl.constexpr):
+    """b_qq += q q^T (its diagonal: q's row sums of squares).  fp32 storage (tf32x3) takes it in
+    ieee: on the H200 tf32x3 gave NaN outputs for fp32 q rows of 1e30 (1e25 and 1e33 were right,
+    after common.diag_ssq), ieee none (logs/20261130_session9/fp32_probe_*.log)."""
+    if PREC == "tf32x3":
+        return tl.dot(b_q, tl.trans(b_q), b_qq, input_precision="ieee")
+    return tl.dot(b_q, tl.trans(b_q), b_qq, input_precision=PREC)
+
+
+@triton.jit
 def _qh_qk(qb, kb, hb, rows, m_t, o_v, r_k, K: tl.constexpr, V: tl.constexpr, stride,
            BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, FUSE_Q: tl.constexpr,
            K_ON_LOAD: tl.constexpr, PREC: tl.constexpr):
@@ -57,7 +67,7 @@ def _qh_qk(qb, kb, hb, rows, m_t, o_v, r_k, K: tl.constexpr, V: tl.constexpr, st
         b_o = tl.dot(b_q, b_h, b_o, input_precision=PREC)
         b_s = tl.dot(b_q, b_kt, b_s, input_precision=PREC)
         if FUSE_Q:
-            b_qq = tl.dot(b_q, tl.trans(b_q), b_qq, input_precision=PREC)
+            b_qq = _qq_dot(b_q, b_qq, PREC)
     return b_o, b_s, b_qq
 
 
@@ -79,7 +89,7 @@ def _qgh(qb, gb, hb, rows, m_t, o_v, K: tl.constexpr, V: tl.constexpr, stride, g
         b_q = tl.load(qb + rows[:, None] * stride + o_k[None, :], mask=m_tk, other=0.0)
         b_g = tl.load(gb + rows[:, None] * g_stride + o_k[None, :], mask=m_tk, other=0.0)
         if FUSE_Q:
-            b_qq = tl.dot(b_q, tl.trans(b_q), b_qq, input_precision=PREC)
+            b_qq = _qq_dot(b_q, b_qq, PREC)
         b_qg = (b_q.to(tl.float32) * tl.math.exp2(b_g)).to(b_q.dtype)  # |q exp(g)| <= |q|: no overflow
         b_h = tl.load(hb + o_k[:, None] * V + o_v[None, :], mask=m_k[:, None] & (o_v < V)[None, :], other=0.0)
         b_o = tl.dot(b_qg, b_h, b_o, input_precision=PREC)
