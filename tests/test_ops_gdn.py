@@ -211,6 +211,28 @@ def test_huge_rows_finite(huge_k):
 
 
 @pytest.mark.filterwarnings("ignore:overflow encountered", "ignore:invalid value encountered")
+def test_fused_qk_fixups_past_the_first_flag_block(monkeypatch):
+    """fused_qk's fix-up launches read their flags FLAG_BLOCK at a time (1024; 4 here, so the interpreter
+    sees several blocks): a huge row in the last chunk of the last head (gram entry and output program
+    5 of 6) is found in the second block."""
+    import triton.language as tl
+
+    from gdnbench import ops
+    from gdnbench.kernels import intra, output
+
+    for mod in (intra, output):
+        monkeypatch.setattr(mod, "FLAG_BLOCK", tl.constexpr(4))
+    monkeypatch.setattr(ops, "FLAG_BLOCK", 4)
+    q, k, v, g, beta, _ = make_inputs(1, 3 * 64, 2, 2, 16, 16, torch.float32, seed=5)
+    q[0, 141, 1] *= 1e30  # q_141 k_141^T overflows fp32 (output), k_141's square too (gram)
+    k[0, 141, 1] *= 1e30
+    o, fs = chunk_gdn(q, k, v, g, beta, norm="fused_qk", output_final_state=True)
+    ro, rf = reference(q, k, v, g, beta)
+    assert torch.isfinite(o).all() and torch.isfinite(fs).all()
+    assert rel_rms(o, ro) < 1e-4 and rel_rms(fs, rf) < 1e-4, (rel_rms(o, ro), rel_rms(fs, rf))
+
+
+@pytest.mark.filterwarnings("ignore:overflow encountered", "ignore:invalid value encountered")
 def test_fused_qk_fp16_rows_beyond_fp16_after_q_norm():
     """fp16 k rows of norm 1.7e5 (elements 3e4) with q rows along them: q_norm k^T, which fused_qk's
     output kernel forms on raw k, leaves fp16's range; the flagged programs are redone in the fix-up
