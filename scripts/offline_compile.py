@@ -44,7 +44,8 @@ def arg_type(v) -> str:
     return "constexpr"
 
 
-def compile_launch(kernel, args, kwargs, opts, sass_dir=None) -> str:
+def compile_sm90(kernel, args, kwargs, opts):
+    """Triton's compiled kernel for sm_90 of one intercepted launch (its arguments' dtypes, constexprs)."""
     names = list(inspect.signature(kernel.fn).parameters)
     bound = dict(zip(names, args), **kwargs)
     const_names = {p.name for p in kernel.params if p.is_constexpr}
@@ -55,8 +56,12 @@ def compile_launch(kernel, args, kwargs, opts, sass_dir=None) -> str:
         sig[n] = t
         if t == "constexpr":
             consts[(i,)] = v
-    compiled = triton.compile(ASTSource(fn=kernel, signature=sig, constexprs=consts),
-                              target=GPUTarget("cuda", 90, 32), options=opts)
+    return triton.compile(ASTSource(fn=kernel, signature=sig, constexprs=consts),
+                          target=GPUTarget("cuda", 90, 32), options=opts)
+
+
+def compile_launch(kernel, args, kwargs, opts, sass_dir=None) -> str:
+    compiled = compile_sm90(kernel, args, kwargs, opts)
     with tempfile.NamedTemporaryFile("wb", suffix=".cubin") as f:
         f.write(compiled.asm["cubin"])
         f.flush()

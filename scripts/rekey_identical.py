@@ -30,26 +30,17 @@ def _digests(tree: str, kernel: str, shape: dict, route: str, point: dict) -> li
     import dataclasses
 
     import torch
-    import triton
 
     from gdnbench import ops, tuned
     sys.path.insert(0, str(ROOT / "scripts"))
+    from offline_compile import record_launches
 
     shape = argparse.Namespace(**shape)
     elt = {"float32": 4}.get(shape.dtype, 2)
     cfg = ops.default_config(shape.K, shape.V, elt, shape.family)
     cfg = dataclasses.replace(cfg, **{kernel: tuned.kernel_config(kernel, point)})
     launches = []
-
-    def record(kern, grid, kc, *a, **kw):
-        if kw.pop("FIXUP", False) or not kw.pop("hooks", True):
-            return
-        opts = {"num_warps": kc.num_warps, "num_stages": kc.num_stages}
-        if kc.maxnreg is not None:
-            opts["maxnreg"] = kc.maxnreg
-        launches.append((kern, a, kw, opts))
-
-    ops._launch = record
+    record_launches(launches)
     dt = getattr(torch, shape.dtype)
     lens = [100, 200] if shape.varlen else None
     T = 300 if lens else 256
@@ -67,31 +58,15 @@ def _digests(tree: str, kernel: str, shape: dict, route: str, point: dict) -> li
     names = set(tuned.KERNEL_FUNCTIONS[kernel][1])
     out = []
     for kern, a, kw, opts in launches:
-        if kern.fn.__name__ not in names:
-            continue
-        out.append(_compiled_digest(kern, a, kw, opts, triton))
+        if kern.fn.__name__ in names and not kw.get("FIXUP", False):  # the fix-up launches: not tuned
+            out.append(_compiled_digest(kern, a, {n: x for n, x in kw.items() if n != "hooks"}, opts))
     return out
 
 
-def _compiled_digest(kern, a, kw, opts, triton) -> str:
-    import inspect
+def _compiled_digest(kern, a, kw, opts) -> str:
+    from offline_compile import BIN, compile_sm90
 
-    from triton.backends.compiler import GPUTarget
-    from triton.compiler import ASTSource
-    from offline_compile import BIN, arg_type
-
-    names = list(inspect.signature(kern.fn).parameters)
-    bound = dict(zip(names, a), **kw)
-    const_names = {p.name for p in kern.params if p.is_constexpr}
-    sig, consts = {}, {}
-    for i, n in enumerate(names):
-        v = bound.get(n)
-        t = "constexpr" if n in const_names or v is None else arg_type(v)
-        sig[n] = t
-        if t == "constexpr":
-            consts[(i,)] = v
-    compiled = triton.compile(ASTSource(fn=kern, signature=sig, constexprs=consts),
-                              target=GPUTarget("cuda", 90, 32), options=opts)
+    compiled = compile_sm90(kern, a, kw, opts)
     ptx = re.sub(r"\.section\s+\.debug_\w+\s*\{.*?\}", "", compiled.asm["ptx"], flags=re.S)
     ptx = "\n".join(ln for ln in ptx.splitlines() if not re.match(r"\s*(\.loc|\.file|//|\$L__tmp\d+:)", ln))
     with tempfile.NamedTemporaryFile("wb", suffix=".cubin") as f:
