@@ -69,7 +69,7 @@ def stage_inputs(q, k, v, g, beta, h0, info, fuse_k, cfg):
     g_cs, A, rk, ssq = ops.gram_solve(k, g, beta, varlen=info, fuse_k=fuse_k, config=cfg)
     w, u, _ = ops.recompute_wu(k, v, beta, A, g_cs, rstd_k=rk, varlen=info, config=cfg)
     h, vn, _ = ops.state_recurrence(k, w, u, g_cs, initial_state=h0, varlen=info, config=cfg)
-    return g_cs, (rk, ssq), h, vn
+    return g_cs, rk, ssq, h, vn
 
 
 def main():
@@ -100,8 +100,8 @@ def main():
         q, k, v, g, beta, h0, cu = make(shape, dev, dtype)
         info = ops.prepare_varlen(cu) if cu is not None else None
         qn, kn = ops.l2norm(q), ops.l2norm(k)
-        g1, _, h1, vn1 = stage_inputs(qn, kn, v, g, beta, h0, info, False, base)
-        g2, rk, h2, vn2 = stage_inputs(q, k, v, g, beta, h0, info, True, base)
+        g1, _, _, h1, vn1 = stage_inputs(qn, kn, v, g, beta, h0, info, False, base)
+        g2, rk, ssq, h2, vn2 = stage_inputs(q, k, v, g, beta, h0, info, True, base)
         o_ref = ops.chunk_output(qn, kn, vn1, h1, g1, scale=K**-0.5, varlen=info, config=base)
         t_l2 = bench_graph(lambda: ops.l2norm(q))
         log(f"{shape['name']}: l2norm(q) {t_l2:.1f} us")
@@ -110,7 +110,7 @@ def main():
                                                              config=dataclasses.replace(base, output=c))),
             "q": lambda c, qv: (lambda: ops.chunk_output(q, kn, vn1, h1, g1, scale=K**-0.5, fuse_q=True,
                                                          varlen=info, config=dataclasses.replace(base, output_fused=c))),
-            "qk": lambda c, qv: (lambda: ops.chunk_output(q, k, vn2, h2, g2, scale=K**-0.5, rstd_k=rk[0], ssq_k=rk[1], fuse_q=True,
+            "qk": lambda c, qv: (lambda: ops.chunk_output(q, k, vn2, h2, g2, scale=K**-0.5, rstd_k=rk, ssq_k=ssq, fuse_q=True,
                                                           varlen=info, config=dataclasses.replace(base, output_fused=c))),
         }
         variants = [("plain", 0), ("q", 0), ("qk", 0)]

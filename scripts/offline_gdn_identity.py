@@ -33,6 +33,12 @@ def digests(kernel, args: dict, consts: dict, cfg) -> tuple[str, str]:
     compiled = triton.compile(ASTSource(fn=kernel, signature=sig, constexprs=constexprs),
                               target=GPUTarget("cuda", 90, 32),
                               options={"num_warps": cfg.num_warps, "num_stages": cfg.num_stages})
+    return tuple(hashlib.sha256(x.encode()).hexdigest()[:16] for x in normalized_code(compiled))
+
+
+def normalized_code(compiled) -> tuple[str, str]:
+    """(PTX without line info and comments, SASS instructions) of a compiled kernel: equal for two
+    sources exactly when they compiled to the same code."""
     ptx = re.sub(r"\.section\s+\.debug_\w+\s*\{.*?\}", "", compiled.asm["ptx"], flags=re.S)
     ptx = "\n".join(ln for ln in ptx.splitlines()
                     if not re.match(r"\s*(\.loc|\.file|//|\$L__tmp\d+:)", ln))
@@ -40,8 +46,7 @@ def digests(kernel, args: dict, consts: dict, cfg) -> tuple[str, str]:
         f.write(compiled.asm["cubin"])
         f.flush()
         sass = subprocess.run([CUOBJDUMP, "--dump-sass", f.name], capture_output=True, text=True).stdout
-    sass = "\n".join(ln for ln in sass.splitlines() if "Function" in ln or "/*0" in ln)
-    return tuple(hashlib.sha256(x.encode()).hexdigest()[:16] for x in (ptx, sass))
+    return ptx, "\n".join(ln for ln in sass.splitlines() if "Function" in ln or "/*0" in ln)
 
 
 def main() -> None:
@@ -60,7 +65,7 @@ def main() -> None:
         svl = dict(cu_seqlens="*i64", chunk_offsets="*i32") if varlen else {}
         for fk in (False, True):
             c = dict(base, IS_VARLEN=varlen, FUSE_K=fk)
-            rk = {"rstd_k": "*fp32"} if fk else {}
+            rk = {"rstd_k": "*fp32", "ssq_k": "*fp32", "risky": "*i8"} if fk else {}
             tag = f"{'varlen' if varlen else 'fixed'}_{'fuse_k' if fk else 'plain'}"
             jobs = [
                 ("gram", gram_solve_kernel, dict(k=P, g="*fp32", beta=P, g_cs="*fp32", A=P, T="i32", NT="i32"),

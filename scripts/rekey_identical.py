@@ -15,10 +15,8 @@ import argparse
 import hashlib
 import json
 import os
-import re
 import subprocess
 import sys
-import tempfile
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -64,17 +62,10 @@ def _digests(tree: str, kernel: str, shape: dict, route: str, point: dict) -> li
 
 
 def _compiled_digest(kern, a, kw, opts) -> str:
-    from offline_compile import BIN, compile_sm90
+    from offline_compile import compile_sm90
+    from offline_gdn_identity import normalized_code
 
-    compiled = compile_sm90(kern, a, kw, opts)
-    ptx = re.sub(r"\.section\s+\.debug_\w+\s*\{.*?\}", "", compiled.asm["ptx"], flags=re.S)
-    ptx = "\n".join(ln for ln in ptx.splitlines() if not re.match(r"\s*(\.loc|\.file|//|\$L__tmp\d+:)", ln))
-    with tempfile.NamedTemporaryFile("wb", suffix=".cubin") as f:
-        f.write(compiled.asm["cubin"])
-        f.flush()
-        sass = subprocess.run([os.path.join(BIN, "cuobjdump"), "--dump-sass", f.name], capture_output=True,
-                              text=True).stdout
-    sass = "\n".join(ln for ln in sass.splitlines() if "Function" in ln or "/*0" in ln)
+    ptx, sass = normalized_code(compile_sm90(kern, a, kw, opts))
     return f"{kern.fn.__name__}:" + hashlib.sha256((ptx + "\0" + sass).encode()).hexdigest()[:20]
 
 
