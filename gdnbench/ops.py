@@ -47,7 +47,6 @@ import os
 from dataclasses import dataclass
 
 import torch
-import triton
 
 from .kernels.common import FLAG_BLOCK as _FLAG_BLOCK, l2norm_kernel
 from .kernels.config import (
@@ -58,7 +57,9 @@ from .kernels.config import (
     KernelConfig,
     L2NormConfig,
     block,
+    cdiv,
     default_config,
+    next_pow2,
     validate,
 )
 from .kernels.intra import gram_solve_kernel, kda_cumsum_kernel, kda_intra_kernel, wu_kernel
@@ -154,7 +155,7 @@ def prepare_varlen(cu_seqlens: torch.Tensor, chunk_size: int = CHUNK_SIZE) -> Va
 
 def _chunk_grid(B: int, T: int, varlen: VarlenInfo | None) -> tuple[int, int]:
     """(chunks per grid row, NT) where NT is the per-sequence chunk count of the dense layout."""
-    NT = triton.cdiv(T, CHUNK_SIZE)
+    NT = cdiv(T, CHUNK_SIZE)
     return (varlen.num_chunks if varlen is not None else NT), NT
 
 
@@ -175,7 +176,7 @@ def l2norm(x: torch.Tensor, config: L2NormConfig | None = None) -> torch.Tensor:
     M = xc.numel() // D if D else 0
     if M == 0:
         return y
-    _launch(l2norm_kernel, (triton.cdiv(M, cfg.BR),), cfg, xc, y, M, D=D, DP=triton.next_power_of_2(D), BR=cfg.BR)
+    _launch(l2norm_kernel, (cdiv(M, cfg.BR),), cfg, xc, y, M, D=D, DP=next_pow2(D), BR=cfg.BR)
     return y
 
 
@@ -195,7 +196,7 @@ def gram_solve(k, g, beta, *, varlen=None, fuse_k=False, config: GDNConfig = DEF
     cfg = config.gram
     n_flags = B * n_grid * H  # (passed to the fix-up only: an unused argument would change the main PTX)
     for fixup in (False, True) if fuse_k else (False,):
-        grid = (triton.cdiv(n_flags, FLAG_BLOCK),) if fixup else (n_grid, B * HV)
+        grid = (cdiv(n_flags, FLAG_BLOCK),) if fixup else (n_grid, B * HV)
         _launch(gram_solve_kernel, grid, cfg,
                 k, g, beta, g_cs, A, rstd_k, ssq_k, *_varlen_args(varlen), T, NT, n_flags if fixup else None,
                 H=H, HV=HV, K=K, BK=block(cfg.BK, K), BT=CHUNK_SIZE, BC=SUB_CHUNK,
@@ -221,7 +222,7 @@ def kda_intra(q, k, g, beta, *, varlen=None, fuse_k=False, raw_q=False, config: 
     Aqk = torch.empty(B, T, HV, CHUNK_SIZE, device=k.device, dtype=aqk_dtype)
     rstd_k = torch.empty(B, T, H, device=k.device, dtype=torch.float32) if fuse_k else None
     cs = config.kda_cumsum
-    _launch(kda_cumsum_kernel, (n_grid, B * HV, triton.cdiv(K, block(cs.BK, K))), cs,
+    _launch(kda_cumsum_kernel, (n_grid, B * HV, cdiv(K, block(cs.BK, K))), cs,
             g, g_cs, *_varlen_args(varlen), T, NT, HV=HV, K=K, BK=block(cs.BK, K), BT=CHUNK_SIZE,
             IS_VARLEN=varlen is not None)
     cfg = config.kda_intra
@@ -261,13 +262,13 @@ def state_recurrence(k, w, u, g_cs, *, initial_state=None, output_final_state=Fa
     B, T, H, K = k.shape
     HV, V = u.shape[2], u.shape[3]
     N = varlen.num_seqs if varlen is not None else B
-    n_chunks = varlen.num_chunks if varlen is not None else B * triton.cdiv(T, CHUNK_SIZE)
+    n_chunks = varlen.num_chunks if varlen is not None else B * cdiv(T, CHUNK_SIZE)
     h = torch.empty(n_chunks, HV, K, V, device=k.device, dtype=k.dtype)
     v_new = torch.empty_like(u)
     ht = torch.empty(N, HV, K, V, device=k.device, dtype=torch.float32) if output_final_state else None
     cfg = config.state
     BV = block(cfg.BV, V)
-    _launch(state_kernel, (triton.cdiv(V, BV), N * HV), cfg,
+    _launch(state_kernel, (cdiv(V, BV), N * HV), cfg,
             k, w, u, g_cs, h, v_new, initial_state, ht,
             None if varlen is None else varlen.cu_seqlens, None if varlen is None else varlen.chunk_offsets, T,
             H=H, HV=HV, K=K, V=V, BV=BV, BT=CHUNK_SIZE,
@@ -292,11 +293,11 @@ def chunk_output(q, k, v_new, h, g_cs, *, scale, rstd_k=None, ssq_k=None, fuse_q
         raise ValueError("chunk_output: rstd_k needs ssq_k and fuse_q (GDN fused_qk)")
     cfg = config.output_fused if fuse_q else config.output
     BV = block(cfg.BV, V)
-    grid = (triton.cdiv(V, BV), n_grid, B * HV)
+    grid = (cdiv(V, BV), n_grid, B * HV)
     n_flags = grid[0] * grid[1] * grid[2]
     risky = torch.empty(n_flags, device=q.device, dtype=torch.int8) if fuse_k else None
     for fixup in (False, True) if fuse_k else (False,):
-        _launch(output_kernel, (triton.cdiv(n_flags, FLAG_BLOCK),) if fixup else grid, cfg,
+        _launch(output_kernel, (cdiv(n_flags, FLAG_BLOCK),) if fixup else grid, cfg,
                 q, k, v_new, h, g_cs, rstd_k, ssq_k, aqk, o, risky, *_varlen_args(varlen), float(scale), T, NT,
                 *((n_grid, n_flags) if fixup else (None, None)),
                 H=H, HV=HV, K=K, V=V, BK=block(cfg.BK, K), BV=BV, BT=CHUNK_SIZE,

@@ -318,6 +318,27 @@ def test_validate_rejects(cfg, K, V, match):
         validate(cfg, K, V)
 
 
+def test_validate_remembers_only_what_passed():
+    """validate caches a passing check; a failing one raises on every call, an unhashable field too."""
+    good, bad = GDNConfig(), GDNConfig(gram=KernelConfig(BK=48))
+    validate(good, 64, 64)
+    validate(good, 64, 64)
+    for _ in range(2):
+        with pytest.raises(ValueError, match="BK"):
+            validate(bad, 64, 64)
+    with pytest.raises(ValueError, match="multiple of 16"):
+        validate(good, 40, 64)  # the same config at other head sizes is checked again
+    with pytest.raises(ValueError, match="BK"):
+        validate(GDNConfig(gram=KernelConfig(BK=[64])), 64, 64)
+
+
+def test_host_helpers():
+    from gdnbench.kernels.config import cdiv, next_pow2
+
+    assert [cdiv(a, 64) for a in (1, 64, 65, 8192)] == [1, 1, 2, 128]
+    assert [next_pow2(n) for n in (1, 2, 3, 16, 17, 96, 128, 129)] == [1, 2, 4, 16, 32, 128, 128, 256]
+
+
 def test_chunk_gdn_rejects_bad_config():
     q, k, v, g, beta, _ = make_inputs(1, 8, 1, 1, 16, 16, torch.float32)
     with pytest.raises(ValueError, match="BV"):

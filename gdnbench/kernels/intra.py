@@ -87,6 +87,19 @@ def _rows_rstd(kb, rows, m_t, K: tl.constexpr, stride, BK: tl.constexpr, BC: tl.
 
 
 @triton.jit
+def _rows_ssq(kb, rows, m_t, K: tl.constexpr, stride, BK: tl.constexpr):
+    """Exact fp32 sums of squares of rows of k, read from k.  With fp32 storage a tf32x3 gram's
+    diagonal is no such sum for a huge row: its split products overflow with either sign (H200: KDA
+    fused_qk k rows of 1e25 gave a NaN rstd, 1e20 and 1e30 did not), so fp32 takes the sums from here."""
+    ssq = tl.zeros_like(rows).to(tl.float32)
+    for i_k in range(tl.cdiv(K, BK)):
+        o_k = i_k * BK + tl.arange(0, BK)
+        x = _load_rows(kb, rows, m_t, o_k, K, stride).to(tl.float32)
+        ssq += tl.sum(x * x, 1)
+    return ssq
+
+
+@triton.jit
 def _keep(m_i, m_j, o, DIAG: tl.constexpr, STRICT: tl.constexpr):
     """Valid entries of block (i, j); on a diagonal block only the lower (STRICT: strictly lower) part."""
     keep = m_i[:, None] & m_j[None, :]
@@ -255,8 +268,12 @@ def _gram_solve(k, g, beta, g_cs, A, rstd_k, ssq_k, tok0, n_valid, i_g, i_h, i_h
         g00, g10, g11, g20, g21, g22, g30, g31, g32, g33 = _gram_blocks(
             kb, r0, r1, r2, r3, m0, m1, m2, m3, one, one, one, one, H * K, K, BK, BC, False, PREC)
         if FUSE_K:
-            s0, s1 = diag_ssq(g00, o, PREC), diag_ssq(g11, o, PREC)
-            s2, s3 = diag_ssq(g22, o, PREC), diag_ssq(g33, o, PREC)
+            if PREC == "tf32x3":
+                s0, s1 = _rows_ssq(kb, r0, m0, K, H * K, BK), _rows_ssq(kb, r1, m1, K, H * K, BK)
+                s2, s3 = _rows_ssq(kb, r2, m2, K, H * K, BK), _rows_ssq(kb, r3, m3, K, H * K, BK)
+            else:
+                s0, s1 = diag_ssq(g00, o, PREC), diag_ssq(g11, o, PREC)
+                s2, s3 = diag_ssq(g22, o, PREC), diag_ssq(g33, o, PREC)
             n0 = 1.0 / tl.sqrt(s0 + L2_EPS)
             n1 = 1.0 / tl.sqrt(s1 + L2_EPS)
             n2 = 1.0 / tl.sqrt(s2 + L2_EPS)
@@ -467,7 +484,8 @@ def _kda_grams(qb, kb, gcb, rows, valid, n_valid, n, H: tl.constexpr, HV: tl.con
     """One chunk's gated grams sum_c x_ic k_jc exp2(c_ic - c_jc) for x = k (WANT_K) or x = q (WANT_Q)
     as [BT, BT] dots per K tile, c the per-channel cumsum (g_cs, written by kda_cumsum_kernel).
     Returns (d, o, ss): d holds the diagonal 16-blocks, o the blocks below them (other entries are
-    junk), ss the raw k k^T (SSQ), whose diagonal is k's sums of squares.  NORMALIZE: k rows times n
+    junk), ss the raw k k^T (SSQ; not for fp32 storage, see _rows_ssq), whose diagonal is k's sums of
+    squares.  NORMALIZE: k rows times n
     on load.  DOT_BF16 (bf16 storage): the gated operands are rounded to bf16, so the dot operands
     are 16-bit (half the shared-memory staging of tf32 ones).
 
@@ -493,7 +511,8 @@ def _kda_grams(qb, kb, gcb, rows, valid, n_valid, n, H: tl.constexpr, HV: tl.con
         e = tl.where(valid[:, None], tl.math.exp2(c - pd), 0.0)
         kx = _normalized(tl.load(kb + rows[:, None] * (H * K) + o_k[None, :], mask=m, other=0.0), n, NORMALIZE)
         if SSQ:
-            ss = tl.dot(kx, tl.trans(kx), ss, input_precision=PREC)
+            if PREC != "tf32x3":  # (fp32 storage reads its sums in _k_rstd_full)
+                ss = tl.dot(kx, tl.trans(kx), ss, input_precision=PREC)
         kf = kx.to(tl.float32)
         kr = kf * tl.math.exp2(pd - c)
         f10 = tl.math.exp2(p1 - p0)[None, :]
@@ -517,9 +536,12 @@ def _kda_grams(qb, kb, gcb, rows, valid, n_valid, n, H: tl.constexpr, HV: tl.con
 @triton.jit
 def _k_rstd_full(kb, rstd_k, tok0, i_h, i_hv, rows, valid, ss, H: tl.constexpr, HV: tl.constexpr,
                  K: tl.constexpr, BK: tl.constexpr, STORE: tl.constexpr, PREC: tl.constexpr):
-    """k's row rstd from the raw k k^T diagonal (stored to rstd_k by one writer per key head when
-    STORE) and whether a row's sum of squares reached RAW_K_SSQ_MAX."""
-    ssq = diag_ssq(ss, rows, PREC)
+    """k's row rstd from the raw k k^T diagonal (fp32 storage: from k, _rows_ssq; stored to rstd_k by
+    one writer per key head when STORE) and whether a row's sum of squares reached RAW_K_SSQ_MAX."""
+    if PREC == "tf32x3":
+        ssq = _rows_ssq(kb, rows, valid, K, H * K, BK)
+    else:
+        ssq = diag_ssq(ss, rows, PREC)
     n = row_rstd(kb, rows, valid, ssq, K, H * K, BK)
     if STORE:
         if i_hv % (HV // H) == 0:
