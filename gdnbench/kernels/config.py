@@ -140,10 +140,9 @@ def validate(config: GDNConfig, K: int, V: int, dtype_bytes: int = 2, family: st
     if not isinstance(config, GDNConfig):
         raise ValueError(f"config must be a GDNConfig, got {type(config).__name__}")
     try:
-        hash(config)
-    except TypeError:  # a field holding an unhashable value: check it uncached (it will fail there)
-        return _check(config, K, V, dtype_bytes, family)
-    _check_cached(config, K, V, dtype_bytes, family)
+        _check_cached(config, K, V, dtype_bytes, family)
+    except TypeError:  # a field holding an unhashable value: check it uncached (it fails there)
+        _check(config, K, V, dtype_bytes, family)
 
 
 def _check(config: GDNConfig, K: int, V: int, dtype_bytes: int, family: str) -> None:
