@@ -545,7 +545,7 @@ def test_kda_candidates_evaluate_in_a_cpu_worker():
         for kernel, route, point in (
                 ("kda_intra", "fused_qk", {"BK": 16, "num_warps": 4, "num_stages": 2, "maxnreg": None}),
                 ("state", "flag", {"BV": 16, "num_warps": 2, "num_stages": 1, "maxnreg": None}),
-                ("output_fused", "fused_q", {"BK": 16, "BV": 16, "num_warps": 4, "num_stages": 2, "maxnreg": 128})):
+                ("output_fused", "fused_q", {"BK": 16, "BV": 16, "num_warps": 2, "num_stages": 2, "maxnreg": 128})):
             r = client.evaluate(kernel, route, point)
             assert r["status"] == "ok", r
             assert r["time_us"] > 0 and r["err_vs_default"] < 1e-5 and r["err_o"] <= r["budget_o"]
@@ -746,7 +746,7 @@ def test_warm_request_compiles_a_candidate_in_a_cpu_worker():
     client = _smoke_client("kda_packed_gva2")
     client.spec["warm_only"] = True  # no oracle is built
     try:
-        point = {"BK": 16, "BV": 16, "num_warps": 4, "num_stages": 2, "maxnreg": 128}
+        point = {"BK": 16, "BV": 16, "num_warps": 2, "num_stages": 2, "maxnreg": 128}
         res = client.evaluate("output_fused", "fused_q", point, warm=True)
     finally:
         client.close()

@@ -7,6 +7,7 @@ the tests use fp32 and fp16 storage.  Shapes are small (the interpreter is
 slow); every case is compared with a private fp64 token-by-token recurrence.
 """
 
+import dataclasses
 import os
 
 os.environ["TRITON_INTERPRET"] = "1"
@@ -20,6 +21,7 @@ from gdnbench.ops import (  # noqa: E402
     KernelConfig,
     L2NormConfig,
     chunk_gdn,
+    default_config,
     l2norm,
     prepare_varlen,
     validate,
@@ -116,8 +118,8 @@ def test_dense_batch_gva3(norm):
 def test_large_k_small_tiles():
     """K=256 (four 64-row state pieces), V=32, small blocks so every K/V loop runs several tiles."""
     cfg = GDNConfig(gram=KernelConfig(BK=32), wu=KernelConfig(BK=64, BV=16),
-                    state=KernelConfig(BV=16), output=KernelConfig(BK=32, BV=16),
-                    output_fused=KernelConfig(BK=64, BV=16, num_stages=1))
+                    state=KernelConfig(BV=16), output=KernelConfig(BK=32, BV=16, num_warps=2),
+                    output_fused=KernelConfig(BK=64, BV=16, num_warps=2, num_stages=1))
     q, k, v, g, beta, s0 = make_inputs(1, 70, 1, 2, 256, 32, torch.float32, h0=True)
     check("fused_qk", torch.float32, q, k, v, g, beta, s0, config=cfg)
     check("flag", torch.float32, q, k, v, g, beta, s0, config=cfg)
@@ -144,7 +146,7 @@ def test_precomputed_varlen_and_maxnreg_config():
     assert info.num_chunks == 3 and info.chunk_indices.tolist() == [[0, 0], [1, 0], [1, 1]]
     assert info.chunk_offsets.tolist() == [0, 1, 3]
     q, k, v, g, beta, s0 = make_inputs(1, 90, 1, 1, 16, 16, torch.float32, n_seqs=2, h0=True)
-    cfg = GDNConfig(state=KernelConfig(BV=16, maxnreg=128))
+    cfg = dataclasses.replace(default_config(16, 16, 4), state=KernelConfig(BV=16, maxnreg=128))
     o1, f1 = check("flag", torch.float32, q, k, v, g, beta, s0, cu, config=cfg, chunk_indices=info)
     o2, f2 = chunk_gdn(q, k, v, g, beta, initial_state=s0, output_final_state=True, cu_seqlens=cu)
     assert torch.equal(o1, o2) and torch.equal(f1, f2)
@@ -292,10 +294,8 @@ def test_bad_arguments():
         chunk_gdn(q[..., :8], k[..., :8], v, g, beta)
 
 
-@pytest.mark.parametrize("K,V", [(16, 16), (32, 48), (96, 192), (128, 128), (256, 256)])
+@pytest.mark.parametrize("K,V", [(16, 16), (32, 16), (32, 48), (96, 192), (128, 128), (256, 256)])
 def test_validate_accepts_defaults(K, V):
-    from gdnbench.kernels.config import default_config
-
     validate(default_config(K, V), K, V)
     validate(default_config(K, V, 4), K, V, dtype_bytes=4)
     assert default_config(128, 128) == GDNConfig()  # the tuned defaults, untouched where they fit
@@ -316,6 +316,20 @@ def test_validate_accepts_defaults(K, V):
 def test_validate_rejects(cfg, K, V, match):
     with pytest.raises(ValueError, match=match):
         validate(cfg, K, V)
+
+
+def test_small_head_hazards():
+    """Configs that read shared memory out of bounds on the H200 at K=32, V=16 (session 11 memcheck) are
+    rejected, and default_config steps their num_warps down; the K = V = 128 defaults keep theirs."""
+    with pytest.raises(ValueError, match=r"config\.wu: num_warps=8 at K=32, V=16: fp32 w/u"):
+        validate(GDNConfig(), 32, 16, dtype_bytes=4)
+    with pytest.raises(ValueError, match=r"config\.output: num_warps=4 at K=32, V=16: .*16-wide V block"):
+        validate(GDNConfig(), 32, 16, dtype_bytes=2)
+    fp32, bf16 = default_config(32, 16, 4), default_config(32, 16, 2)
+    assert (fp32.wu.num_warps, fp32.output.num_warps, fp32.output_fused.num_warps) == (4, 2, 2)
+    assert (bf16.wu.num_warps, bf16.output.num_warps, bf16.output_fused.num_warps) == (8, 2, 2)
+    assert default_config(16, 32, 4).wu.num_warps == 4 and default_config(64, 32, 4).wu.num_warps == 8
+    validate(GDNConfig(output_fused=KernelConfig(BK=32, BV=128, num_warps=4)), 32, 32)  # V=32: not a hazard
 
 
 def test_validate_remembers_only_what_passed():
@@ -342,4 +356,4 @@ def test_host_helpers():
 def test_chunk_gdn_rejects_bad_config():
     q, k, v, g, beta, _ = make_inputs(1, 8, 1, 1, 16, 16, torch.float32)
     with pytest.raises(ValueError, match="BV"):
-        chunk_gdn(q, k, v, g, beta, config=GDNConfig(state=KernelConfig(BV=24)))
+        chunk_gdn(q, k, v, g, beta, config=dataclasses.replace(default_config(16, 16, 4), state=KernelConfig(BV=24)))

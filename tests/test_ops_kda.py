@@ -94,7 +94,8 @@ def test_gates_at_the_lower_bound(norm):
 def test_small_tiles_k64():
     """Blocks of 16 on K and V so every K/V loop of every kernel runs several tiles."""
     cfg = GDNConfig(kda_intra=KernelConfig(BK=16), wu=KernelConfig(BK=16, BV=16), state=KernelConfig(BV=16),
-                    output=KernelConfig(BK=16, BV=16), output_fused=KernelConfig(BK=16, BV=16, num_stages=1))
+                    output=KernelConfig(BK=16, BV=16, num_warps=2),
+                    output_fused=KernelConfig(BK=16, BV=16, num_warps=2, num_stages=1))
     q, k, v, g, beta, s0 = make_inputs(1, 70, 1, 1, 64, 32, torch.float32, h0=True, seed=3)
     check("fused_qk", torch.float32, q, k, v, g, beta, s0, config=cfg)
     check("flag", torch.float32, q, k, v, g, beta, s0, config=cfg)
@@ -214,7 +215,7 @@ def test_bad_arguments():
         chunk_kda(q, k, v, g, beta, norm="l2")
 
 
-@pytest.mark.parametrize("K,V", [(16, 16), (32, 48), (96, 192), (128, 128), (256, 256)])
+@pytest.mark.parametrize("K,V", [(16, 16), (32, 16), (32, 48), (96, 192), (128, 128), (256, 256)])
 def test_validate_accepts_kda_defaults(K, V):
     for elt in (2, 4):
         validate(default_config(K, V, elt, "kda"), K, V, elt, "kda")

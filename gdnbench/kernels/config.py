@@ -128,6 +128,22 @@ def _smem_estimate(name: str, c, K: int, V: int, elt: int, family: str = "gdn") 
     raise KeyError(name)
 
 
+def _codegen_hazard(name: str, c, K: int, V: int, elt: int) -> str | None:
+    """Why a kernel config is known to go wrong on sm_90 (Triton 3.6), or None.
+
+    compute-sanitizer on the H200, one process at a time (logs/20261130_session11/): at K = 32, V = 16,
+    wu_kernel with fp32 storage at 8 warps reads shared memory out of bounds at its w or u dot (clean at
+    4), and the output kernels in 16-bit storage at 4 warps do so at the final [64, 64] x [64, 16] dot,
+    every route (clean at 2 warps or BK 16); KDA fused_qk bf16 there gave a wrong o (rel-RMS 0.73)
+    with no sanitizer error.  The rules cover every 16-wide block, not only the measured heads; with
+    them 44 sanitizer runs (heads 16..256, both families, fp32/bf16/fp16) were clean."""
+    if name == "wu" and elt == 4 and c.num_warps > 4 and min(block(c.BK, K), block(c.BV, V)) <= 16:
+        return "fp32 w/u at a 16-wide block needs num_warps <= 4"
+    if name in ("output", "output_fused") and block(c.BV, V) <= 16 and c.num_warps > 2:
+        return "the output kernels at a 16-wide V block need num_warps <= 2"
+    return None
+
+
 def validate(config: GDNConfig, K: int, V: int, dtype_bytes: int = 2, family: str = "gdn") -> None:
     """Raise ValueError if ``config`` cannot run head sizes ``K``/``V`` for ``family`` ("gdn" or "kda").
 
@@ -174,6 +190,10 @@ def _check(config: GDNConfig, K: int, V: int, dtype_bytes: int, family: str) -> 
             # a block whose threads cannot all hold maxnreg registers cannot launch
             raise ValueError(f"config.{name}: maxnreg={c.maxnreg} x {32 * c.num_warps} threads exceeds the "
                              f"register file ({REGISTERS_PER_SM})")
+        hazard = _codegen_hazard(name, c, K, V, dtype_bytes)
+        if hazard:
+            raise ValueError(f"config.{name}: num_warps={c.num_warps} at K={K}, V={V}: {hazard} "
+                             "(out-of-bounds shared reads on sm_90)")
         smem = _smem_estimate(name, c, K, V, dtype_bytes, family)
         if smem > SMEM_LIMIT_BYTES:
             raise ValueError(f"config.{name} needs ~{smem} B of shared memory (> {SMEM_LIMIT_BYTES})")
@@ -184,7 +204,8 @@ _check_cached = functools.lru_cache(maxsize=256)(_check)  # exceptions are not c
 
 @functools.lru_cache(maxsize=None)
 def default_config(K: int, V: int, dtype_bytes: int = 2, family: str = "gdn") -> GDNConfig:
-    """DEFAULT_CONFIG with each kernel's num_stages lowered until its shared memory fits ``family``'s kernels.
+    """DEFAULT_CONFIG with each kernel's num_stages lowered until its shared memory fits ``family``'s kernels,
+    and its num_warps halved while :func:`_codegen_hazard` names the config (small heads only).
 
     The defaults are tuned for K = V = 128 in 16-bit storage; there the 3-stage state kernel
     is 1.6x faster than 2 stages, but at K = 256 with fp32 storage it does not fit."""
@@ -193,5 +214,7 @@ def default_config(K: int, V: int, dtype_bytes: int = 2, family: str = "gdn") ->
         c = getattr(cfg, name)
         while c.num_stages > 1 and _smem_estimate(name, c, K, V, dtype_bytes, family) > SMEM_LIMIT_BYTES:
             c = dataclasses.replace(c, num_stages=c.num_stages - 1)
+        while c.num_warps > 1 and _codegen_hazard(name, c, K, V, dtype_bytes):
+            c = dataclasses.replace(c, num_warps=c.num_warps // 2)
         cfg = dataclasses.replace(cfg, **{name: c})
     return cfg
