@@ -8,7 +8,7 @@ from gdnbench.inputs import make_inputs
 from gdnbench.check import rel_rms
 from gdnbench.kernels.config import KernelConfig, cdiv, next_pow2, block, CHUNK_SIZE
 from gpu_gdn_check import bench_graph
-import importlib; state_t_kernel = importlib.import_module(os.environ.get("ST_MOD", "state_t")).state_t_kernel
+import importlib; state_t_kernel = importlib.import_module(os.environ.get("ST_MOD", "state_t")).state_t_kernel  # ST_MOD: a variant module
 
 T0 = time.time()
 CONFIGS = [KernelConfig(BV=bv, num_warps=w, num_stages=s, maxnreg=r) for bv, w, s, r in [
