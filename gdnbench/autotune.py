@@ -567,8 +567,8 @@ class _Bench:
                                                 initial_state=st["h0"], output_final_state=True, varlen=info,
                                                 config=cfg)
         return lambda: ops.chunk_output(st["q"], st["out_k"], st["vn"], st["h"], st["g_cs"], scale=x.scale,
-                                        rstd_k=st["out_rk"], ssq_k=st["out_ssq"], fuse_q=st["fuse_q"], varlen=info, config=cfg,
-                                        aqk=st["aqk"])
+                                        rstd_k=st["out_rk"], ssq_k=st["out_ssq"], fuse_q=st["fuse_q"], varlen=info,
+                                        config=cfg, aqk=st["aqk"])
 
     def time_us(self, fn) -> tuple[float, str]:
         """Median µs per call: CUDA-graph replays on the GPU (events where capture fails)."""
