@@ -114,7 +114,7 @@ def dimensions(kernel: str, K: int, V: int) -> list[tuple[str, tuple]]:
             ("maxnreg", MAXNREG_VALUES)]
     if kernel == "l2norm":
         return [("BR", BR_VALUES)] + tail
-    blocks = {"gram": ("BK",), "kda_intra": ("BK",), "wu": ("BK", "BV"), "state": ("BV",), "output": ("BK", "BV"),
+    blocks = {"gram": ("BK",), "kda_intra": ("BK",), "wu": ("BK", "BV"), "state": ("BK", "BV"), "output": ("BK", "BV"),
               "output_fused": ("BK", "BV")}[kernel]
     return [(b, _blocks_for(K if b == "BK" else V)) for b in blocks] + tail
 
@@ -156,13 +156,15 @@ def full_config(kernel: str, point: Point, base):
 
 def _start_point(kernel: str, base, dims, K: int, V: int) -> Point:
     """The base config of the kernel as a point, blocks clamped as the kernel clamps them."""
-    from .kernels.config import block
+    from .kernels.config import block, state_piece
 
     c = getattr(base, kernel)
     out = {}
     for name, _ in dims:
         v = getattr(c, name)
-        if name in ("BK", "BV"):
+        if kernel == "state" and name == "BK":
+            v = block(state_piece(c, K), K)
+        elif name in ("BK", "BV"):
             v = block(v, K if name == "BK" else V)
         out[name] = v
     return out

@@ -60,6 +60,7 @@ from .kernels.config import (
     cdiv,
     default_config,
     next_pow2,
+    state_piece,
     validate,
 )
 from .kernels.intra import gram_solve_kernel, kda_cumsum_kernel, kda_intra_kernel, wu_kernel
@@ -273,7 +274,8 @@ def state_recurrence(k, w, u, g_cs, *, initial_state=None, output_final_state=Fa
             None if varlen is None else varlen.cu_seqlens, None if varlen is None else varlen.chunk_offsets, T,
             H=H, HV=HV, K=K, V=V, BV=BV, BT=CHUNK_SIZE,
             IS_VARLEN=varlen is not None, PER_CHANNEL=g_cs.dim() == 4,
-            USE_H0=initial_state is not None, STORE_HT=output_final_state, PREC=_precision(k.dtype))
+            USE_H0=initial_state is not None, STORE_HT=output_final_state, PREC=_precision(k.dtype),
+            PIECE=state_piece(cfg, K))
     return h, v_new, ht
 
 

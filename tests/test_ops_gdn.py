@@ -125,6 +125,16 @@ def test_large_k_small_tiles():
     check("flag", torch.float32, q, k, v, g, beta, s0, config=cfg)
 
 
+@pytest.mark.parametrize("piece,K", [(16, 48), (32, 96), (128, 96), (256, 160)])
+def test_state_piece_heights(piece, K):
+    """The state slab in pieces of BK rows: several (16 x 3, 32 x 3), one partly masked (128 for
+    K 96; 256 for K 160), varlen with initial states."""
+    cfg = dataclasses.replace(default_config(K, 16, 4), state=KernelConfig(BK=piece, BV=16, num_stages=1))
+    q, k, v, g, beta, s0 = make_inputs(1, 100, 1, 2, K, 16, torch.float32, n_seqs=2, h0=True, seed=5)
+    cu = torch.tensor([0, 37, 100], dtype=torch.int64)
+    check("flag", torch.float32, q, k, v, g, beta, s0, cu, config=cfg)
+
+
 def test_fused_output_over_several_k_tiles():
     """q's sums of squares come from a q q^T dot accumulated across K tiles (BK 16 < K 64)."""
     cfg = GDNConfig(output_fused=KernelConfig(BK=16, BV=32, num_stages=2))
@@ -312,6 +322,8 @@ def test_validate_accepts_defaults(K, V):
     (GDNConfig(output=KernelConfig(BK=256, BV=256, num_stages=4)), 256, 256, "shared memory"),
     (GDNConfig(l2norm=L2NormConfig(BR=3)), 64, 64, "BR"),
     (GDNConfig(state=L2NormConfig()), 64, 64, "KernelConfig"),
+    (GDNConfig(state=KernelConfig(BK=16, BV=32)), 128, 64, "more than 4 pieces"),
+    (GDNConfig(state=KernelConfig(BK=24, BV=32)), 128, 64, "state.BK"),
 ])
 def test_validate_rejects(cfg, K, V, match):
     with pytest.raises(ValueError, match=match):

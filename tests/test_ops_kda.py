@@ -6,6 +6,7 @@ compared with the fp64 token recurrence of gdnbench.reference (per-channel gates
 The GDN kernels this op shares are covered, unchanged, by test_ops_gdn.py.
 """
 
+import dataclasses
 import json
 import os
 
@@ -98,6 +99,13 @@ def test_small_tiles_k64():
                     output_fused=KernelConfig(BK=16, BV=16, num_warps=2, num_stages=1))
     q, k, v, g, beta, s0 = make_inputs(1, 70, 1, 1, 64, 32, torch.float32, h0=True, seed=3)
     check("fused_qk", torch.float32, q, k, v, g, beta, s0, config=cfg)
+    check("flag", torch.float32, q, k, v, g, beta, s0, config=cfg)
+
+
+def test_state_one_piece_per_channel():
+    """KDA's per-channel state decay with the slab as one 128-row piece (K 96, masked rows)."""
+    cfg = dataclasses.replace(default_config(96, 32, 4, "kda"), state=KernelConfig(BK=128, BV=32, num_stages=1))
+    q, k, v, g, beta, s0 = make_inputs(1, 70, 1, 2, 96, 32, torch.float32, h0=True, seed=6)
     check("flag", torch.float32, q, k, v, g, beta, s0, config=cfg)
 
 

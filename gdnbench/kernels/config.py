@@ -62,7 +62,8 @@ class GDNConfig:
     gram: KernelConfig = field(default_factory=lambda: KernelConfig(BK=64, num_warps=2, num_stages=2))
     # w = A (beta exp(g) k), u = A (beta v), per (chunk, head)
     wu: KernelConfig = field(default_factory=lambda: KernelConfig(BK=128, BV=128, num_warps=8, num_stages=2))
-    # inter-chunk state recurrence, per (V block, sequence*head); K is split into 64-row pieces
+    # inter-chunk state recurrence, per (V block, sequence*head); K is split into pieces of BK rows
+    # (64 when BK is None), at most four
     state: KernelConfig = field(default_factory=lambda: KernelConfig(BV=32, num_warps=4, num_stages=3))
     # output, per (V block, chunk, batch*head)
     output: KernelConfig = field(default_factory=lambda: KernelConfig(BK=64, BV=128, num_warps=4, num_stages=2))
@@ -98,6 +99,12 @@ def block(b: int, dim: int) -> int:
     return min(b, next_pow2(dim))
 
 
+def state_piece(c: KernelConfig, K: int) -> int:
+    """Rows per piece of the state kernel's slab: the config's BK, 64 when unset (the kernel's
+    only piece height before BK was tuned for it, so older tuned entries keep their code)."""
+    return 64 if c.BK is None else block(c.BK, K)
+
+
 def _smem_estimate(name: str, c, K: int, V: int, elt: int, family: str = "gdn") -> int:
     """Rough estimate of a kernel's shared memory (bytes): pipelined operand tiles x stages.
 
@@ -118,10 +125,10 @@ def _smem_estimate(name: str, c, K: int, V: int, elt: int, family: str = "gdn") 
         bk, bv = block(c.BK, K), block(c.BV, V)
         return BT * BT * elt + st * BT * max(bk, bv) * elt + st * BT * bk * gate
     if name == "state":
-        # the pipeliner double-buffers the w and k pieces of every 64-row state piece (measured
-        # for fp32; 16-bit builds stay far below this)
-        bv, pieces = block(c.BV, V), cdiv(K, 64)
-        return max(st - 1, 1) * pieces * 2 * BT * 64 * elt + 2 * BT * bv * elt
+        # the pipeliner double-buffers the w and k tiles of every state piece (measured for fp32
+        # with 64-row pieces; 16-bit builds stay far below this)
+        bv, piece = block(c.BV, V), state_piece(c, K)
+        return max(st - 1, 1) * cdiv(K, piece) * 2 * BT * piece * elt + 2 * BT * bv * elt
     if name in ("output", "output_fused"):
         bk, bv = block(c.BK, K), block(c.BV, V)
         return st * (2 * BT * bk + bk * bv) * elt + st * BT * bk * gate + BT * bv * elt + BT * BT * elt
@@ -178,6 +185,11 @@ def _check(config: GDNConfig, K: int, V: int, dtype_bytes: int, family: str) -> 
             val = getattr(c, b)
             if val not in _BLOCKS:
                 raise ValueError(f"config.{name}.{b}={val!r} must be one of {_BLOCKS}")
+        if name == "state" and c.BK is not None:
+            if c.BK not in _BLOCKS:
+                raise ValueError(f"config.state.BK={c.BK!r} must be None or one of {_BLOCKS}")
+            if cdiv(K, state_piece(c, K)) > 4:
+                raise ValueError(f"config.state.BK={c.BK} splits K={K} into more than 4 pieces")
         if name == "l2norm" and (c.BR < 1 or c.BR & (c.BR - 1)):
             raise ValueError(f"config.l2norm.BR={c.BR} must be a power of two")
         if c.num_warps not in _WARPS:

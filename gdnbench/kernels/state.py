@@ -1,9 +1,9 @@
 """Inter-chunk state recurrence.
 
 One program owns a [K, BV] column slab of one (sequence, value head) state and
-walks the sequence's chunks in order, keeping the slab in registers as fp32
-64-row pieces (h1..h4 cover K up to 256; pieces past K are compiled out).  Per
-chunk (decays in log2 units, c = g_cs):
+walks the sequence's chunks in order, keeping the slab in registers as up to four
+fp32 pieces of PIECE rows (h1..h4; pieces past K are compiled out).  Per chunk
+(decays in log2 units, c = g_cs):
 
     h_chunk  <- h                                   (stored for the output kernel)
     v_new     = u - w h                             (stored for the output kernel)
@@ -16,13 +16,18 @@ exp2(c_last):  h = diag(exp2(c_last)) h + kg^T v_new.
 
 GDN's fused_qk runs this kernel as it is, on raw k: the w/u kernel put k's rstd on the rows
 of w and u, so v_new = u - w h carries it and k^T v_new is k_norm^T times the unscaled v_new.
+
+PIECE is the config's BK (64 when unset).  Each piece's dots are a wgmma group with its own wait,
+so fewer, taller pieces shorten the per-chunk chain where the loop is latency-bound.  H200, GDN,
+K = V = 128, one 128-row piece against two of 64, best of ten configs each: h2_hv8_serving
+76.2 -> 66.4 us, h4_hv8_mixed 79.1 -> 75.1, h16_hv32_fixed8k 150.7 -> 146.9; h16_hv64_fixed8k
+202.7 -> 216.2 and K = 192 as one 256-row piece 212.1 -> 249.7 lose
+(logs/20261130_session12/one_tile.log, one_tile_bigk.log).  ncu at h16_hv32_fixed8k: one warp
+per scheduler issuing every 4.4 cycles, a fifth of the stall samples at the four wgmma waits.
 """
 
 import triton
 import triton.language as tl
-
-PIECE = tl.constexpr(64)
-
 
 @triton.jit
 def _piece_load(ptr, o_k, o_v, K: tl.constexpr, V: tl.constexpr):
@@ -52,7 +57,7 @@ def _add_kv(kb, rows, m_t, o_k, b_vd, b_h, K: tl.constexpr, stride, PREC: tl.con
 
 @triton.jit
 def _channel_decay(gl, o_k, K: tl.constexpr):
-    """exp2(c_last) of a piece's channels as a column [PIECE, 1] (gl: the chunk's last row of g_cs)."""
+    """exp2(c_last) of a piece's channels as a column [piece rows, 1] (gl: the chunk's last row of g_cs)."""
     return tl.math.exp2(tl.load(gl + o_k, mask=o_k < K, other=0.0))[:, None]
 
 
@@ -62,10 +67,10 @@ def state_kernel(
     H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
     BV: tl.constexpr, BT: tl.constexpr,
     IS_VARLEN: tl.constexpr, PER_CHANNEL: tl.constexpr, USE_H0: tl.constexpr,
-    STORE_HT: tl.constexpr, PREC: tl.constexpr,
+    STORE_HT: tl.constexpr, PREC: tl.constexpr, PIECE: tl.constexpr,
 ):
     """Grid (cdiv(V, BV), N*HV).  h: [num_chunks, HV, K, V] per-chunk states (k's dtype),
-    v_new: like u, h0/ht: [N, HV, K, V] fp32."""
+    v_new: like u, h0/ht: [N, HV, K, V] fp32.  PIECE: rows per state piece, K <= 4 PIECE."""
     i_v, i_nh = tl.program_id(0), tl.program_id(1)
     i_n, i_hv = i_nh // HV, i_nh % HV
     i_h = i_hv // (HV // H)
@@ -87,20 +92,20 @@ def state_kernel(
     o_k4 = o_k3 + PIECE
 
     b_h1 = tl.zeros([PIECE, BV], dtype=tl.float32)
-    if K > 64:
+    if K > PIECE:
         b_h2 = tl.zeros([PIECE, BV], dtype=tl.float32)
-    if K > 128:
+    if K > 2 * PIECE:
         b_h3 = tl.zeros([PIECE, BV], dtype=tl.float32)
-    if K > 192:
+    if K > 3 * PIECE:
         b_h4 = tl.zeros([PIECE, BV], dtype=tl.float32)
     if USE_H0:
         p0 = h0 + i_nh.to(tl.int64) * K * V
         b_h1 += _piece_load(p0, o_k1, o_v, K, V)
-        if K > 64:
+        if K > PIECE:
             b_h2 += _piece_load(p0, o_k2, o_v, K, V)
-        if K > 128:
+        if K > 2 * PIECE:
             b_h3 += _piece_load(p0, o_k3, o_v, K, V)
-        if K > 192:
+        if K > 3 * PIECE:
             b_h4 += _piece_load(p0, o_k4, o_v, K, V)
 
     rows = tl.arange(0, BT)
@@ -118,11 +123,11 @@ def state_kernel(
         # state entering this chunk
         ph = h + ((boh + i_t) * HV + i_hv) * K * V
         _piece_store(ph, b_h1, o_k1, o_v, K, V)
-        if K > 64:
+        if K > PIECE:
             _piece_store(ph, b_h2, o_k2, o_v, K, V)
-        if K > 128:
+        if K > 2 * PIECE:
             _piece_store(ph, b_h3, o_k3, o_v, K, V)
-        if K > 192:
+        if K > 3 * PIECE:
             _piece_store(ph, b_h4, o_k4, o_v, K, V)
 
         n_valid = seq_len - i_t * BT
@@ -130,11 +135,11 @@ def state_kernel(
         # v_new = u - w h
         b_wh = tl.zeros([BT, BV], dtype=tl.float32)
         b_wh = _w_times_h(wb, rows, m_t, o_k1, b_h1, b_wh, K, HV * K, PREC)
-        if K > 64:
+        if K > PIECE:
             b_wh = _w_times_h(wb, rows, m_t, o_k2, b_h2, b_wh, K, HV * K, PREC)
-        if K > 128:
+        if K > 2 * PIECE:
             b_wh = _w_times_h(wb, rows, m_t, o_k3, b_h3, b_wh, K, HV * K, PREC)
-        if K > 192:
+        if K > 3 * PIECE:
             b_wh = _w_times_h(wb, rows, m_t, o_k4, b_h4, b_wh, K, HV * K, PREC)
         m_tv = m_t[:, None] & m_v[None, :]
         p_uv = rows[:, None] * (HV * V) + o_v[None, :]
@@ -147,11 +152,11 @@ def state_kernel(
             b_vd = b_vn.to(k.dtype.element_ty)
             gl = gb + last * (HV * K)
             d1 = _channel_decay(gl, o_k1, K)
-            if K > 64:
+            if K > PIECE:
                 d2 = _channel_decay(gl, o_k2, K)
-            if K > 128:
+            if K > 2 * PIECE:
                 d3 = _channel_decay(gl, o_k3, K)
-            if K > 192:
+            if K > 3 * PIECE:
                 d4 = _channel_decay(gl, o_k4, K)
         else:
             c_last = tl.load(gb + last * HV)
@@ -161,19 +166,19 @@ def state_kernel(
             d_last = tl.math.exp2(c_last)
             d1, d2, d3, d4 = d_last, d_last, d_last, d_last
         b_h1 = _add_kv(kb, rows, m_t, o_k1, b_vd, b_h1 * d1, K, H * K, PREC)
-        if K > 64:
+        if K > PIECE:
             b_h2 = _add_kv(kb, rows, m_t, o_k2, b_vd, b_h2 * d2, K, H * K, PREC)
-        if K > 128:
+        if K > 2 * PIECE:
             b_h3 = _add_kv(kb, rows, m_t, o_k3, b_vd, b_h3 * d3, K, H * K, PREC)
-        if K > 192:
+        if K > 3 * PIECE:
             b_h4 = _add_kv(kb, rows, m_t, o_k4, b_vd, b_h4 * d4, K, H * K, PREC)
 
     if STORE_HT:
         pt = ht + i_nh.to(tl.int64) * K * V
         _piece_store(pt, b_h1, o_k1, o_v, K, V)
-        if K > 64:
+        if K > PIECE:
             _piece_store(pt, b_h2, o_k2, o_v, K, V)
-        if K > 128:
+        if K > 2 * PIECE:
             _piece_store(pt, b_h3, o_k3, o_v, K, V)
-        if K > 192:
+        if K > 3 * PIECE:
             _piece_store(pt, b_h4, o_k4, o_v, K, V)
