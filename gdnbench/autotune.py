@@ -275,15 +275,20 @@ def coordinate_descent(space: Space, evaluate: Evaluate, budget_s: float, min_ga
     others fixed and move to the fastest when it beats the best by more than min_gain; repeat until a
     pass moves nothing.
 
-    Seeds are other searches' winners (see :func:`seed_points`): fuse_k variants compile several
+    Seeds are other searches' winners (see :func:`seed_points`); one searched before a dimension was
+    added (the state kernel's BK) takes the start point's value for it.  fuse_k variants compile several
     times slower than plain ones, and a 15 s budget stopped them after their first dimension on the
     H200 (GDN gram fuse_k kept its 208 µs default where plain moved to 123 µs with 1 warp)."""
     out = SearchResult("coordinate_descent", "max_rounds")
     run = _Run(space, evaluate, out, on_result)
     first = [dict(space.start)]
     for p in seeds:
-        if p not in first and set(p) == set(space.start) and space.is_valid(p):
-            first.append({name: p[name] for name, _ in space.dims})
+        # a seed from before a dimension was added takes the start's value for it
+        p = {**space.start, **p} if set(p) <= set(space.start) else None
+        if p is not None and space.is_valid(p):
+            p = {name: p[name] for name, _ in space.dims}
+            if p not in first:
+                first.append(p)
     run(first)
     out.default = run.get(first[0])
     ok = [r for r in map(run.get, first) if is_ok(r)]

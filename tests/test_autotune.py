@@ -141,6 +141,13 @@ def test_descent_starts_from_the_fastest_seed_and_keeps_the_default_as_default()
     assert list(calls[1]) == ["a", "b", "c"]
     assert res.default["config"] == {"a": 0, "b": 10, "c": None}
     assert res.best["config"] == {"a": 3, "b": 20, "c": 128}
+    # a seed searched before dimension c existed takes the start's value for it; one with an unknown
+    # dimension is dropped
+    ev3, calls3 = _fake(lambda p: {"status": "ok", "reason": "", "time_us": _cost(p)})
+    at.search(_separable_space(), ev3, budget_s=1e9, exhaustive_max=10, min_gain=0.0,
+              seeds=[{"a": 3, "b": 20}, {"a": 1, "b": 20, "z": 0}])
+    assert calls3[:2] == [{"a": 0, "b": 10, "c": None}, {"a": 3, "b": 20, "c": None}]
+    assert {"a": 1, "b": 20, "c": None} not in calls3[:2]
     # from the seed, one pass finds the optimum: fewer evaluations than from the default
     ev2, calls2 = _fake(lambda p: {"status": "ok", "reason": "", "time_us": _cost(p)})
     at.search(_separable_space(lambda p: p["a"] < 5), ev2, budget_s=1e9, exhaustive_max=10, min_gain=0.0)
