@@ -17,13 +17,13 @@ exp2(c_last):  h = diag(exp2(c_last)) h + kg^T v_new.
 GDN's fused_qk runs this kernel as it is, on raw k: the w/u kernel put k's rstd on the rows
 of w and u, so v_new = u - w h carries it and k^T v_new is k_norm^T times the unscaled v_new.
 
-PIECE is the config's BK (64 when unset).  Each piece's dots are a wgmma group with its own wait,
-so fewer, taller pieces shorten the per-chunk chain where the loop is latency-bound.  H200, GDN,
-K = V = 128, one 128-row piece against two of 64, best of ten configs each: h2_hv8_serving
-76.2 -> 66.4 us, h4_hv8_mixed 79.1 -> 75.1, h16_hv32_fixed8k 150.7 -> 146.9; h16_hv64_fixed8k
-202.7 -> 216.2 and K = 192 as one 256-row piece 212.1 -> 249.7 lose
-(logs/20261130_session12/one_tile.log, one_tile_bigk.log).  ncu at h16_hv32_fixed8k: one warp
-per scheduler issuing every 4.4 cycles, a fifth of the stall samples at the four wgmma waits.
+PIECE is the config's BK (64 when unset), searched by the autotuner.  The loop is latency-bound:
+under ncu (H200, h16_hv32_fixed8k, 64-row pieces) one warp per scheduler issues every 4.4 cycles, and
+a fifth of the stall samples sit at the wgmma waits, one per piece and dot.  One 128-row piece halves
+those waits; in the gdn-qwen6 run of session 12 the state kernel went 151.6 -> 144.9 us at
+h16_hv32_fixed8k, 75.7 -> 70.5 at h2_hv8_serving and 585.5 -> 571.7 at 32K, while HV64 and KDA kept
+64-row pieces.  In a prototype, K = 192 as one 256-row piece lost, 212 -> 250 us
+(logs/20261130_session12/).
 """
 
 import triton
