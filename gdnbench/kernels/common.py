@@ -66,18 +66,32 @@ def l2_rstd(ssq, ssq_lo):
 
 
 @triton.jit
+def row_sq_sums(xb, rows, m_t, K: tl.constexpr, stride, BK: tl.constexpr, PLAIN: tl.constexpr,
+                SCALED: tl.constexpr):
+    """Rows of x (base xb, row stride ``stride``) read in K tiles: (sum(x^2) if PLAIN, sum((x 2^-70)^2)
+    if SCALED), zeros where not asked."""
+    ssq = tl.zeros_like(rows).to(tl.float32)
+    lo = tl.zeros_like(rows).to(tl.float32)
+    for i_k in range(tl.cdiv(K, BK)):
+        o_k = i_k * BK + tl.arange(0, BK)
+        xf = tl.load(xb + rows[:, None] * stride + o_k[None, :], mask=m_t[:, None] & (o_k < K)[None, :],
+                     other=0.0).to(tl.float32)
+        xl = xf * SSQ_LO
+        if PLAIN:
+            ssq += tl.sum(xf * xf, 1)
+        if SCALED:
+            lo += tl.sum(xl * xl, 1)
+    return ssq, lo
+
+
+@triton.jit
 def row_rstd(xb, rows, m_t, ssq, K: tl.constexpr, stride, BK: tl.constexpr):
     """1/sqrt(ssq + eps) of the rows of x (base xb, row stride ``stride``) given their plain
     sums of squares; the pre-scaled sums are computed, by re-reading x, only when some row's
     plain sum reached SSQ_BIG (inf included): a rare path."""
     lo = tl.zeros_like(ssq)
     if tl.max(ssq, 0) >= SSQ_BIG:
-        for i_k in range(tl.cdiv(K, BK)):
-            o_k = i_k * BK + tl.arange(0, BK)
-            x = tl.load(xb + rows[:, None] * stride + o_k[None, :], mask=m_t[:, None] & (o_k < K)[None, :],
-                        other=0.0)
-            xl = x.to(tl.float32) * SSQ_LO
-            lo += tl.sum(xl * xl, 1)
+        _, lo = row_sq_sums(xb, rows, m_t, K, stride, BK, False, True)
     return l2_rstd(ssq, lo)
 
 

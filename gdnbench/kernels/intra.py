@@ -20,7 +20,7 @@ state update's key operand.
 import triton
 import triton.language as tl
 
-from .common import FLAG_BLOCK, L2_EPS, LOG2E, SSQ_BIG, chunk_coords, diag_ssq, l2_rstd, row_rstd, sq_sums
+from .common import FLAG_BLOCK, L2_EPS, LOG2E, SSQ_BIG, chunk_coords, diag_ssq, l2_rstd, row_rstd, row_sq_sums
 
 # KDA, fused_qk: above this sum of squares a raw k row times its e^75 gate factor may overflow fp32
 RAW_K_SSQ_MAX = tl.constexpr(2.0**38)
@@ -74,15 +74,9 @@ def _gram_blocks(kb, r0, r1, r2, r3, m0, m1, m2, m3, n0, n1, n2, n3, stride,
 
 
 @triton.jit
-def _rows_rstd(kb, rows, m_t, K: tl.constexpr, stride, BK: tl.constexpr, BC: tl.constexpr):
-    """Overflow-safe rstd of the rows of k from both sums of squares (common.sq_sums), read from k."""
-    ssq = tl.zeros([BC], dtype=tl.float32)
-    lo = tl.zeros([BC], dtype=tl.float32)
-    for i_k in range(tl.cdiv(K, BK)):
-        o_k = i_k * BK + tl.arange(0, BK)
-        s, s_lo = sq_sums(_load_rows(kb, rows, m_t, o_k, K, stride).to(tl.float32))
-        ssq += s
-        lo += s_lo
+def _rows_rstd(kb, rows, m_t, K: tl.constexpr, stride, BK: tl.constexpr):
+    """Overflow-safe rstd of the rows of k from both sums of squares, read from k."""
+    ssq, lo = row_sq_sums(kb, rows, m_t, K, stride, BK, True, True)
     return l2_rstd(ssq, lo)
 
 
@@ -91,11 +85,7 @@ def _rows_ssq(kb, rows, m_t, K: tl.constexpr, stride, BK: tl.constexpr):
     """Exact fp32 sums of squares of rows of k, read from k.  With fp32 storage a tf32x3 gram's
     diagonal is no such sum for a huge row: its split products overflow with either sign (H200: KDA
     fused_qk k rows of 1e25 gave a NaN rstd, 1e20 and 1e30 did not), so fp32 takes the sums from here."""
-    ssq = tl.zeros_like(rows).to(tl.float32)
-    for i_k in range(tl.cdiv(K, BK)):
-        o_k = i_k * BK + tl.arange(0, BK)
-        x = _load_rows(kb, rows, m_t, o_k, K, stride).to(tl.float32)
-        ssq += tl.sum(x * x, 1)
+    ssq, _ = row_sq_sums(kb, rows, m_t, K, stride, BK, True, False)
     return ssq
 
 
@@ -257,10 +247,10 @@ def _gram_solve(k, g, beta, g_cs, A, rstd_k, ssq_k, tok0, n_valid, i_g, i_h, i_h
     if RARE:
         # the fix-up pass, for a chunk whose largest sum of squares reached SSQ_BIG (the raw gram may
         # have overflowed): overflow-safe rstd read from k, and the gram of rows normalized on load
-        n0 = _rows_rstd(kb, r0, m0, K, H * K, BK, BC)
-        n1 = _rows_rstd(kb, r1, m1, K, H * K, BK, BC)
-        n2 = _rows_rstd(kb, r2, m2, K, H * K, BK, BC)
-        n3 = _rows_rstd(kb, r3, m3, K, H * K, BK, BC)
+        n0 = _rows_rstd(kb, r0, m0, K, H * K, BK)
+        n1 = _rows_rstd(kb, r1, m1, K, H * K, BK)
+        n2 = _rows_rstd(kb, r2, m2, K, H * K, BK)
+        n3 = _rows_rstd(kb, r3, m3, K, H * K, BK)
         g00, g10, g11, g20, g21, g22, g30, g31, g32, g33 = _gram_blocks(
             kb, r0, r1, r2, r3, m0, m1, m2, m3, n0, n1, n2, n3, H * K, K, BK, BC, True, PREC)
     else:
