@@ -100,8 +100,10 @@ def block(b: int, dim: int) -> int:
 
 
 def state_piece(c: KernelConfig, K: int) -> int:
-    """Rows per piece of the state kernel's slab: the config's BK, 64 when unset (the kernel's
-    only piece height before BK was tuned for it, so older tuned entries keep their code)."""
+    """Rows per piece of the state kernel's slab: the config's BK clamped to K's power of two, 64 when
+    unset (the only height before BK was tuned, so older tuned entries keep their code; for K < 64 that
+    is one partly masked piece, which no set BK gives, so there the autotuner's start point, a K-row
+    piece, is not exactly the default config)."""
     return 64 if c.BK is None else block(c.BK, K)
 
 
