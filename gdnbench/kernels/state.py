@@ -29,6 +29,7 @@ h16_hv32_fixed8k, 75.7 -> 70.5 at h2_hv8_serving and 585.5 -> 571.7 at 32K, whil
 import triton
 import triton.language as tl
 
+
 @triton.jit
 def _piece_load(ptr, o_k, o_v, K: tl.constexpr, V: tl.constexpr):
     return tl.load(ptr + o_k[:, None] * V + o_v[None, :], mask=(o_k < K)[:, None] & (o_v < V)[None, :],
