@@ -30,7 +30,6 @@ def test_backend_passes_gate_and_gets_both_times(name):
         assert r["gpu"]["median_us"] > 0 and r["wall"]["median_us"] > 0 and r["profiler_us"] > 0
 
 
-
 def _small_head(family: str, dtype: str) -> Shape:
     kda = family == "kda"
     return Shape(id=f"{family}_{dtype}", family=family, H=1, HV=1, K=32, V=16, lens=(100,), seed=9,
