@@ -64,6 +64,7 @@ from .kernels.config import (
     validate,
 )
 from .kernels.intra import gram_solve_kernel, kda_cumsum_kernel, kda_intra_kernel, wu_kernel
+from .kernels.launch import launch
 from .kernels.output import output_kernel
 from .kernels.state import state_kernel
 
@@ -107,7 +108,7 @@ def _launch(kernel, grid, cfg, *args, hooks=True, **kwargs):
     opts = {"num_warps": cfg.num_warps, "num_stages": cfg.num_stages}
     if cfg.maxnreg is not None and not _interpreting():
         opts["maxnreg"] = cfg.maxnreg
-    compiled = kernel[grid](*args, **kwargs, **opts)
+    compiled = launch(kernel, grid, args, kwargs, opts)
     for hook in LAUNCH_HOOKS if hooks else ():
         hook(kernel, compiled)
 

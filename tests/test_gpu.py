@@ -1,5 +1,7 @@
 """GPU checks (skipped without CUDA): real backends through the gate and both timers."""
 
+import os
+
 import pytest
 
 from gdnbench import backends
@@ -52,3 +54,36 @@ def test_small_heads_on_the_gpu():
     assert len(rows) == 12
     for r in rows:
         assert r["status"] == "ok", r
+
+
+def test_direct_launch_matches_the_jit_path():
+    """gdnbench.kernels.launch on the GPU: every route's forward is bitwise the JIT path's, also when
+    q and k start off 16-byte alignment (views 2 bytes into a buffer: another specialization)."""
+    import torch
+
+    from gdnbench import ops
+    from gdnbench.kernels import launch
+
+    torch.manual_seed(0)
+    T, H, HV, K, V = 200, 2, 4, 128, 64
+    qk = torch.randn(2 * T * H * K + 1, device="cuda", dtype=torch.bfloat16)
+    v = torch.randn(1, T, HV, V, device="cuda", dtype=torch.bfloat16)
+    g = torch.nn.functional.logsigmoid(torch.randn(1, T, HV, device="cuda"))
+    beta = torch.rand(1, T, HV, device="cuda")
+    outs = {}
+    try:
+        for path in ("1", "0", "0"):  # JIT; direct (the first call fills the cache); direct (hits)
+            os.environ["GDNBENCH_JIT_LAUNCH"] = path
+            launch._direct_launch_api.cache_clear()
+            for start in (0, 1):
+                q = qk[start:start + T * H * K].view(1, T, H, K)
+                k = qk[start + T * H * K:start + 2 * T * H * K].view(1, T, H, K)
+                for norm in ops.NORM_MODES:
+                    o, s = ops.chunk_gdn(q, k, v, g, beta, norm=norm, output_final_state=True)
+                    outs.setdefault((start, norm), []).append((o, s))
+    finally:
+        os.environ.pop("GDNBENCH_JIT_LAUNCH", None)
+        launch._direct_launch_api.cache_clear()
+    for key, runs in outs.items():
+        for o, s in runs[1:]:
+            assert torch.equal(o, runs[0][0]) and torch.equal(s, runs[0][1]), key
