@@ -90,7 +90,7 @@ DEFAULT_BUDGET_S = 300.0
 MAX_ROUNDS = 10
 KERNEL_FUNCTIONS = {"l2norm": "l2norm_kernel", "gram": "gram_solve_kernel", "kda_intra": "kda_intra_kernel",
                     "wu": "wu_kernel", "state": "state_kernel", "output": "output_kernel",
-                    "output_fused": "output_kernel"}
+                    "output_fused": "output_kernel", "aqk": "aqk_kernel", "state_out": "state_out_kernel"}
 OK_STATUSES = ("ok",)
 
 Point = dict  # dimension name -> value, in the space's dimension order
@@ -115,7 +115,7 @@ def dimensions(kernel: str, K: int, V: int) -> list[tuple[str, tuple]]:
     if kernel == "l2norm":
         return [("BR", BR_VALUES)] + tail
     blocks = {"gram": ("BK",), "kda_intra": ("BK",), "wu": ("BK", "BV"), "state": ("BK", "BV"), "output": ("BK", "BV"),
-              "output_fused": ("BK", "BV")}[kernel]
+              "output_fused": ("BK", "BV"), "aqk": ("BK",), "state_out": ("BK", "BV")}[kernel]
     return [(b, _blocks_for(K if b == "BK" else V)) for b in blocks] + tail
 
 
@@ -149,9 +149,15 @@ class Space:
         return 1 + sum(len(v) - 1 for _, v in self.dims)
 
 
+# GDN's path pinned while a kernel of one path is tuned, so its gate runs that kernel (ops.one_pass)
+_PATH_OF = {"aqk": True, "state_out": True, "state": False, "output": False, "output_fused": False}
+
+
 def full_config(kernel: str, point: Point, base):
-    """``base`` (a GDNConfig) with ``kernel``'s config replaced by the point's."""
-    return dataclasses.replace(base, **{kernel: tuned.kernel_config(kernel, point)})
+    """``base`` (a GDNConfig) with ``kernel``'s config replaced by the point's, and GDN's path pinned to the
+    one that runs ``kernel`` (KDA ignores it; ops.validate rejects the one-pass path where it is not built)."""
+    return dataclasses.replace(base, **{kernel: tuned.kernel_config(kernel, point)},
+                               one_pass=_PATH_OF.get(kernel) if base.one_pass is None else base.one_pass)
 
 
 def _start_point(kernel: str, base, dims, K: int, V: int) -> Point:
@@ -162,7 +168,7 @@ def _start_point(kernel: str, base, dims, K: int, V: int) -> Point:
     out = {}
     for name, _ in dims:
         v = getattr(c, name)
-        if kernel == "state" and name == "BK":
+        if kernel in ("state", "state_out") and name == "BK":
             v = block(state_piece(c, K), K)
         elif name in ("BK", "BV"):
             v = block(v, K if name == "BK" else V)
@@ -550,9 +556,12 @@ class _Bench:
         out_k, out_rk, out_ssq = (None, None, None) if self.kda else (k, rk, ssq)
         h, vn, _ = ops.state_recurrence(state_k, w, u, g_cs, initial_state=h0,
                                         output_final_state=True, varlen=info, config=cfg)
+        # GDN's one pass: its own q k^T gram (and q's rstd, fused routes) for state_out
+        a1, rq = (None, None) if self.kda else ops.chunk_aqk(q, k, g_cs, fuse_q=fuse_q, fuse_k=fuse_k,
+                                                              varlen=info, config=cfg)
         self._stage[route] = dict(q=q, k=k, g_cs=g_cs, A=A, aqk=aqk, rk=rk, w=w, u=u, h0=h0, h=h, vn=vn,
                                   info=info, fuse_k=fuse_k, fuse_q=fuse_q, state_k=state_k,
-                                  out_k=out_k, out_rk=out_rk, out_ssq=out_ssq)
+                                  out_k=out_k, out_rk=out_rk, out_ssq=out_ssq, a1=a1, rq=rq)
         return self._stage[route]
 
     def stage_call(self, kernel: str, route: str, cfg):
@@ -573,6 +582,13 @@ class _Bench:
             return lambda: ops.state_recurrence(st["state_k"], st["w"], st["u"], st["g_cs"],
                                                 initial_state=st["h0"], output_final_state=True, varlen=info,
                                                 config=cfg)
+        if kernel == "aqk":
+            return lambda: ops.chunk_aqk(st["q"], st["k"], st["g_cs"], fuse_q=st["fuse_q"], fuse_k=st["fuse_k"],
+                                         varlen=info, config=cfg)
+        if kernel == "state_out":
+            return lambda: ops.state_output(st["q"], st["k"], st["w"], st["u"], st["g_cs"], st["a1"], st["rq"],
+                                            scale=x.scale, initial_state=st["h0"], output_final_state=True,
+                                            varlen=info, config=cfg)
         return lambda: ops.chunk_output(st["q"], st["out_k"], st["vn"], st["h"], st["g_cs"], scale=x.scale,
                                         rstd_k=st["out_rk"], ssq_k=st["out_ssq"], fuse_q=st["fuse_q"], varlen=info,
                                         config=cfg, aqk=st["aqk"])

@@ -24,7 +24,9 @@ Per sequence and value head the op computes, for t = 1..T,
 
 Stages (chunk size 64): (1) gram_solve: chunk-local cumsum of g, the beta K K^T
 gram and A = (I + L)^-1; (2) recompute_wu: w = A (beta exp(g) k), u = A (beta v);
-(3) state_recurrence: h per chunk and v_new = u - w h; (4) chunk_output.
+(3) state_recurrence: h per chunk and v_new = u - w h; (4) chunk_output.  GDN runs
+(3)-(4) in one pass where :func:`one_pass` says so: chunk_aqk (each chunk's gated
+q k^T) then state_output (the recurrence writing o; no h per chunk, no v_new).
 
 ``norm``: "none" (q, k as given), "flag" (standalone l2norm of q and k, then the
 kernels), "fused_q" (q's norm folded into the output kernel, k standalone),
@@ -52,6 +54,7 @@ from .kernels.common import FLAG_BLOCK as _FLAG_BLOCK, l2norm_kernel
 from .kernels.config import (
     CHUNK_SIZE,
     DEFAULT_CONFIG,
+    ONE_PASS_MAX_K,
     SUB_CHUNK,
     GDNConfig,
     KernelConfig,
@@ -67,6 +70,7 @@ from .kernels.intra import gram_solve_kernel, kda_cumsum_kernel, kda_intra_kerne
 from .kernels.launch import launch
 from .kernels.output import output_kernel
 from .kernels.state import state_kernel
+from .kernels.state_out import aqk_kernel, state_out_kernel
 
 __all__ = [
     "GDNConfig",
@@ -74,6 +78,7 @@ __all__ = [
     "L2NormConfig",
     "NORM_MODES",
     "VarlenInfo",
+    "chunk_aqk",
     "chunk_gdn",
     "chunk_kda",
     "chunk_output",
@@ -81,8 +86,10 @@ __all__ = [
     "gram_solve",
     "kda_intra",
     "l2norm",
+    "one_pass",
     "prepare_varlen",
     "recompute_wu",
+    "state_output",
     "state_recurrence",
     "validate",
 ]
@@ -132,10 +139,11 @@ class VarlenInfo:
     chunk_offsets: torch.Tensor  # [N+1] int32: first global chunk of each sequence
     num_chunks: int
     num_seqs: int
+    max_len: int  # tokens of the longest sequence
 
 
 def prepare_varlen(cu_seqlens: torch.Tensor, chunk_size: int = CHUNK_SIZE) -> VarlenInfo:
-    """Build the chunk tables for packed sequences.  Syncs with the device once (``.item()``),
+    """Build the chunk tables for packed sequences.  Syncs with the device once (``.tolist()``),
     so call it outside a timed region and pass the result as ``chunk_indices=``."""
     if chunk_size != CHUNK_SIZE:
         raise ValueError(f"chunk_size must be {CHUNK_SIZE}")
@@ -148,11 +156,11 @@ def prepare_varlen(cu_seqlens: torch.Tensor, chunk_size: int = CHUNK_SIZE) -> Va
     n_chunks = (lens + chunk_size - 1) // chunk_size
     offsets = torch.zeros_like(cu)
     offsets[1:] = torch.cumsum(n_chunks, 0)
-    total = int(offsets[-1].item())
+    total, max_len = torch.stack([offsets[-1], lens.max()]).tolist()
     seq_ids = torch.repeat_interleave(torch.arange(len(lens), device=cu.device), n_chunks)
     within = torch.arange(total, device=cu.device) - offsets[seq_ids]
     table = torch.stack([seq_ids, within], 1).to(torch.int32).contiguous()
-    return VarlenInfo(cu.contiguous(), table, offsets.to(torch.int32), total, len(lens))
+    return VarlenInfo(cu.contiguous(), table, offsets.to(torch.int32), total, len(lens), max_len)
 
 
 def _chunk_grid(B: int, T: int, varlen: VarlenInfo | None) -> tuple[int, int]:
@@ -309,6 +317,63 @@ def chunk_output(q, k, v_new, h, g_cs, *, scale, rstd_k=None, ssq_k=None, fuse_q
     return o
 
 
+# one pass above this many (value head, sequence) streams over the longest sequence, HV * tokens / longest:
+# on the H200 (logs/20261130_session13/state_out_aqk.log) h2_hv8_serving (16 streams) lost, 1.103, and
+# h4_hv8_mixed (21.4) won, 0.978, as did every shape of 32 streams or more (0.834-0.918)
+ONE_PASS_MIN_STREAMS = 20
+
+
+def one_pass(config: GDNConfig, K: int, HV: int, tokens: int, longest: int) -> bool:
+    """Whether GDN's forward runs state and output in one pass (chunk_aqk + state_output) instead of
+    state_recurrence + chunk_output, for ``tokens`` tokens in all whose ``longest`` sequence has that
+    many.  ``config.one_pass`` decides where set.  Otherwise one pass where the work is wide against
+    the longest sequence (HV * tokens / longest streams): each chunk step of the one-pass kernel is longer
+    (q h and Aqk v_new join w h and k^T v_new), and the longest sequence pays that once per chunk, while
+    the h and v_new traffic and the output kernel it saves grow with every sequence's tokens and heads."""
+    if config.one_pass is not None:
+        return config.one_pass
+    if K > ONE_PASS_MAX_K:
+        return False
+    return HV * tokens >= ONE_PASS_MIN_STREAMS * max(longest, 1)
+
+
+def chunk_aqk(q, k, g_cs, *, fuse_q=False, fuse_k=False, varlen=None, config: GDNConfig = DEFAULT_CONFIG):
+    """One-pass stage 3a (GDN): (Aqk [B,T,HV,64] = causal(q k^T * exp(g_i - g_j)) per chunk, unscaled,
+    r_q [B,T,HV] fp32 (q's row rstd) under fuse_q, else None).  Aqk is in q's dtype, fp32 under fuse_k
+    with fp16 storage (raw k may leave fp16's range)."""
+    B, T, H, K = q.shape
+    HV = g_cs.shape[2]
+    n_grid, NT = _chunk_grid(B, T, varlen)
+    dtype = torch.float32 if fuse_k and q.dtype == torch.float16 else q.dtype
+    aqk = torch.empty(B, T, HV, CHUNK_SIZE, device=q.device, dtype=dtype)
+    r_q = torch.empty(B, T, HV, device=q.device, dtype=torch.float32) if fuse_q else None
+    cfg = config.aqk
+    _launch(aqk_kernel, (n_grid, B * HV), cfg, q, k, g_cs, aqk, r_q, *_varlen_args(varlen), T, NT,
+            H=H, HV=HV, K=K, BK=block(cfg.BK, K), BT=CHUNK_SIZE, IS_VARLEN=varlen is not None, FUSE_Q=fuse_q,
+            PREC=_precision(q.dtype))
+    return aqk, r_q
+
+
+def state_output(q, k, w, u, g_cs, aqk, r_q=None, *, scale, initial_state=None, output_final_state=False,
+                 varlen=None, config: GDNConfig = DEFAULT_CONFIG):
+    """One-pass stage 3b (GDN): (o [B,T,HV,V] in u's dtype, final_state [N,HV,K,V] fp32 or None): the state
+    recurrence of :func:`state_recurrence` writing o as it goes, from :func:`chunk_aqk`'s Aqk (and r_q:
+    q is raw and normalized on load)."""
+    B, T, H, K = k.shape
+    HV, V = u.shape[2], u.shape[3]
+    N = varlen.num_seqs if varlen is not None else B
+    o = torch.empty_like(u)
+    ht = torch.empty(N, HV, K, V, device=k.device, dtype=torch.float32) if output_final_state else None
+    cfg = config.state_out
+    BV = block(cfg.BV, V)
+    _launch(state_out_kernel, (cdiv(V, BV), N * HV), cfg,
+            q, k, w, u, g_cs, aqk, r_q, o, initial_state, ht, None if varlen is None else varlen.cu_seqlens,
+            float(scale), T, H=H, HV=HV, K=K, V=V, BV=BV, BT=CHUNK_SIZE, IS_VARLEN=varlen is not None,
+            USE_H0=initial_state is not None, STORE_HT=output_final_state, FUSE_Q=r_q is not None,
+            PREC=_precision(k.dtype), PIECE=state_piece(cfg, K))
+    return o, ht
+
+
 # ----------------------------------------------------------------------------- entry point
 def _check_inputs(q, k, v, g, beta, initial_state, cu_seqlens, norm, per_channel=False):
     if norm not in NORM_MODES:
@@ -406,6 +471,13 @@ def _forward(q, k, v, g, beta, scale, initial_state, output_final_state, cu_seql
         o = chunk_output(q, None, v_new, h, g_cs, scale=scale, fuse_q=fuse_q, varlen=varlen, config=config,
                          aqk=aqk)
         return o, final_state
+    B, T, HV = beta.shape
+    if one_pass(config, K, HV, B * T, T if varlen is None else varlen.max_len):
+        g_cs, A, rstd_k, _ = gram_solve(k, g, beta, varlen=varlen, fuse_k=fuse_k, config=config)
+        w, u, _ = recompute_wu(k, v, beta, A, g_cs, rstd_k=rstd_k, varlen=varlen, config=config)
+        aqk, r_q = chunk_aqk(q, k, g_cs, fuse_q=fuse_q, fuse_k=fuse_k, varlen=varlen, config=config)
+        return state_output(q, k, w, u, g_cs, aqk, r_q, scale=scale, initial_state=initial_state,
+                            output_final_state=output_final_state, varlen=varlen, config=config)
     g_cs, A, rstd_k, ssq_k = gram_solve(k, g, beta, varlen=varlen, fuse_k=fuse_k, config=config)
     w, u, _ = recompute_wu(k, v, beta, A, g_cs, rstd_k=rstd_k, varlen=varlen, config=config)
     h, v_new, final_state = state_recurrence(k, w, u, g_cs, initial_state=initial_state,

@@ -47,19 +47,24 @@ KERNEL_FUNCTIONS = {
     "state": ("state.py", ("state_kernel",)),
     "output": ("output.py", ("output_kernel",)),
     "output_fused": ("output.py", ("output_kernel",)),
+    "aqk": ("state_out.py", ("aqk_kernel",)),
+    "state_out": ("state_out.py", ("state_out_kernel",)),
 }
 KERNELS = tuple(KERNEL_FUNCTIONS)
 # the stage kernels each route launches, per family (explicit runs the same kernels as flag);
-# KDA runs kda_intra where GDN runs gram and shares the others
+# KDA runs kda_intra where GDN runs gram and shares the others; GDN runs state + output or, in one
+# pass (ops.one_pass, per shape), aqk + state_out: a route lists both
+ONE_PASS_KERNELS = ("aqk", "state_out")
 _GDN_ROUTES = {
-    "explicit": ("l2norm", "gram", "wu", "state", "output"),
-    "flag": ("l2norm", "gram", "wu", "state", "output"),
-    "fused_q": ("l2norm", "gram", "wu", "state", "output_fused"),
-    "fused_qk": ("gram", "wu", "state", "output_fused"),
+    "explicit": ("l2norm", "gram", "wu", "state", "output") + ONE_PASS_KERNELS,
+    "flag": ("l2norm", "gram", "wu", "state", "output") + ONE_PASS_KERNELS,
+    "fused_q": ("l2norm", "gram", "wu", "state", "output_fused") + ONE_PASS_KERNELS,
+    "fused_qk": ("gram", "wu", "state", "output_fused") + ONE_PASS_KERNELS,
 }
 ROUTES = tuple(_GDN_ROUTES)
 ROUTE_KERNELS = {"gdn": _GDN_ROUTES,
-                 "kda": {r: tuple("kda_intra" if k == "gram" else k for k in ks) for r, ks in _GDN_ROUTES.items()}}
+                 "kda": {r: tuple("kda_intra" if k == "gram" else k for k in ks if k not in ONE_PASS_KERNELS)
+                         for r, ks in _GDN_ROUTES.items()}}
 # the route a (kernel, variant) is measured under
 MEASURE_ROUTE = {"plain": "flag", "fuse_k": "fused_qk", "fused_q": "fused_q", "fused_qk": "fused_qk"}
 DISABLE_ENV = "GDNBENCH_TUNED"  # GDNBENCH_TUNED=0: `gdnbench run` ignores the cache
@@ -76,6 +81,8 @@ def variant_of(kernel: str, route: str, family: str = "gdn") -> str:
     its output kernel reads Aqk, which kda_intra built with k's rstd: fused_qk runs fused_q's."""
     if kernel == "output_fused":
         return "fused_q" if family == "kda" else route
+    if kernel in ONE_PASS_KERNELS:
+        return route if route.startswith("fused") else "plain"
     fuse_k = ("gram", "wu") if family == "gdn" else ("kda_intra", "wu")
     if kernel in fuse_k and route == "fused_qk":
         return "fuse_k"

@@ -93,7 +93,7 @@ def test_kda_tasks_per_route():
 
 def test_plan_tasks_dedupes_specializations():
     tasks = at.plan_tasks(["explicit", "flag"], list(at.KERNELS))
-    assert [t.kernel for t in tasks] == ["l2norm", "gram", "wu", "state", "output"]
+    assert [t.kernel for t in tasks] == ["l2norm", "gram", "wu", "state", "output", "aqk", "state_out"]
     assert {t.variant for t in tasks} == {"plain"}
     tasks = at.plan_tasks(list(at.ROUTES), ["gram", "output_fused"])
     assert [(t.kernel, t.variant, t.route) for t in tasks] == [
@@ -321,7 +321,8 @@ def test_source_hash_follows_each_kernels_own_code(tmp_path, monkeypatch):
         common.write_text(common.read_text().replace("SSQ_LO = tl.constexpr(2.0**-70)",
                                                      "SSQ_LO = tl.constexpr(2.0**-71)"))
         changed = {k for k, h in hashes(kdir).items() if h != after[k]}
-        assert changed == {"l2norm", "gram", "kda_intra", "output", "output_fused"}  # via row_rstd / l2_rstd
+        # via row_rstd / l2_rstd
+        assert changed == {"l2norm", "gram", "kda_intra", "output", "output_fused", "aqk"}
     finally:  # the caches must not keep the copy's hashes for later tests
         tuned._module_defs.cache_clear()
         tuned.source_hash.cache_clear()
@@ -491,7 +492,7 @@ def test_config_label_default_on_cpu():
     from gdnbench.backends import get
 
     b = get("gdnbench")
-    assert b.config_label(_shape(), "flag", "cpu") == "default"
+    assert b.config_label(_shape(), "flag", "cpu") in ("default; one pass", "default; two kernels")
     assert get("reference").config_label(_shape(), "flag", "cpu") == "default"
 
 

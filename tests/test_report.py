@@ -70,8 +70,14 @@ def test_tuned_over_default_pairs_when_both_gdnbench_backends_ran():
 def test_default_backend_ignores_the_tuning_cache():
     from gdnbench.backends import get
 
+    from gdnbench.shapes import load
+
+    by_id = {s.id: s for s in load("gdn-qwen6").shapes}
     b = get("gdnbench-default")
-    assert b.name == "gdnbench-default" and b.config_label(None, "flag", "cuda") == "default"
+    assert b.name == "gdnbench-default"
+    # the path is named: ops.one_pass's rule on the full shape
+    assert b.config_label(by_id["h16_hv32_fixed8k"], "flag", "cuda") == "default; one pass"
+    assert b.config_label(by_id["h2_hv8_serving"], "flag", "cuda") == "default; two kernels"
 
 
 def test_tables_and_markdown():

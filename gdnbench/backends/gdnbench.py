@@ -49,18 +49,19 @@ class GdnbenchBackend(Backend):
         return f"gdnbench.ops.chunk_{shape.family} norm={'none' if route == 'explicit' else route}{bound}"
 
     def _config(self, shape, route, device):
-        """(GDNConfig or None for the built-in default, label): the autotune cache's config on CUDA.
+        """(GDNConfig or None for the built-in default, label): the autotune cache's config on CUDA, GDN's
+        path pinned (:func:`_pin_path`).
 
         Resolved once per (shape id, route): the gate's shortened copy of a shape must run the
         config that the full shape is timed with, though its token count keys another entry."""
-        if device != "cuda":
-            return None, "default"
         key = (shape.id, route)
         if key not in self._resolved:
-            from ..tuned import device_env, tuned_config
+            cfg, label = None, "default"
+            if device == "cuda":
+                from ..tuned import device_env, tuned_config
 
-            cfg, label = tuned_config(shape, route, device_env())
-            self._resolved[key] = ((cfg if label != "default" else None), label)
+                cfg, label = tuned_config(shape, route, device_env())
+            self._resolved[key] = _pin_path(shape, cfg if label != "default" else None, label)
         return self._resolved[key]
 
     def config_label(self, shape, route, device):
@@ -97,4 +98,18 @@ class GdnbenchDefaultBackend(GdnbenchBackend):
     name = "gdnbench-default"
 
     def _config(self, shape, route, device):
-        return None, "default"
+        return _pin_path(shape, None, "default")
+
+
+def _pin_path(shape, cfg, label: str):
+    """(config, label) with GDN's path (one pass or two kernels, ops.one_pass) decided on this shape,
+    the full one: the gate's shortened copy then runs the path that is timed."""
+    if shape.family != "gdn":
+        return cfg, label
+    import dataclasses
+
+    from .. import ops
+
+    base = cfg or ops.default_config(shape.K, shape.V, 4 if shape.dtype == "float32" else 2)
+    one = ops.one_pass(base, shape.K, shape.HV, shape.tokens, max(shape.lens))
+    return dataclasses.replace(base, one_pass=one), f"{label}; {'one pass' if one else 'two kernels'}"

@@ -23,6 +23,7 @@ MAX_HEAD_DIM = 256
 SMEM_LIMIT_BYTES = 227 * 1024  # Hopper (H100/H200) opt-in shared memory per block
 REGISTERS_PER_SM = 64 * 1024  # 32-bit registers per SM (and per block) on sm_70..sm_100
 
+ONE_PASS_MAX_K = 128  # GDN's one-pass path (aqk + state_out) is built and measured up to K = 128
 _BLOCKS = (16, 32, 64, 128, 256)
 _WARPS = (1, 2, 4, 8, 16)
 
@@ -71,6 +72,12 @@ class GDNConfig:
     # register cap (H200: 115.7 us uncapped, 104.7 us at maxnreg 168, see kernels/output.py)
     output_fused: KernelConfig = field(default_factory=lambda: KernelConfig(BK=32, BV=128, num_warps=4,
                                                                            num_stages=3, maxnreg=168))
+    # GDN's one-pass path (kernels/state_out.py): the gated causal q k^T per (chunk, head), and the state
+    # recurrence that also writes o, per (V block, sequence*head), K in pieces of BK rows as in `state`
+    aqk: KernelConfig = field(default_factory=lambda: KernelConfig(BK=64, num_warps=4, num_stages=2))
+    state_out: KernelConfig = field(default_factory=lambda: KernelConfig(BV=32, num_warps=4, num_stages=3))
+    # GDN: True / False force the one-pass path on / off; None lets ops.one_pass decide per call
+    one_pass: bool | None = None
     # KDA only: per-channel gate cumsum (g_cs, times log2 e), per (chunk, head, K block)
     kda_cumsum: KernelConfig = field(default_factory=lambda: KernelConfig(BK=64, num_warps=4, num_stages=1))
     # KDA only: gated K K^T and Q K^T grams from g_cs, (I + A)^-1 solve, per (chunk, head, gram).
@@ -126,6 +133,12 @@ def _smem_estimate(name: str, c, K: int, V: int, elt: int, family: str = "gdn") 
     if name == "wu":
         bk, bv = block(c.BK, K), block(c.BV, V)
         return BT * BT * elt + st * BT * max(bk, bv) * elt + st * BT * bk * gate
+    if name == "aqk":
+        return st * 2 * BT * block(c.BK, K) * elt + BT * BT * 4
+    if name == "state_out":
+        # as "state", with q's tiles beside w's and k's, and the Aqk tile
+        bv, piece = block(c.BV, V), state_piece(c, K)
+        return max(st - 1, 1) * cdiv(K, piece) * 3 * BT * piece * elt + 2 * BT * bv * elt + BT * BT * 4
     if name == "state":
         # the pipeliner double-buffers the w and k tiles of every state piece (measured for fp32
         # with 64-row pieces; 16-bit builds stay far below this)
@@ -148,7 +161,8 @@ def _codegen_hazard(name: str, c, K: int, V: int, elt: int) -> str | None:
     them 44 sanitizer runs (heads 16..256, both families, fp32/bf16/fp16) were clean."""
     if name == "wu" and elt == 4 and c.num_warps > 4 and min(block(c.BK, K), block(c.BV, V)) <= 16:
         return "fp32 w/u at a 16-wide block needs num_warps <= 4"
-    if name in ("output", "output_fused") and block(c.BV, V) <= 16 and c.num_warps > 2:
+    if name in ("output", "output_fused", "state_out") and block(c.BV, V) <= 16 and c.num_warps > 2:
+        # state_out ends each chunk with the same [64, 64] x [64, BV] dot (not measured there: the rule's reach)
         return "the output kernels at a 16-wide V block need num_warps <= 2"
     return None
 
@@ -164,6 +178,8 @@ def validate(config: GDNConfig, K: int, V: int, dtype_bytes: int = 2, family: st
     """
     if not isinstance(config, GDNConfig):
         raise ValueError(f"config must be a GDNConfig, got {type(config).__name__}")
+    if config.one_pass not in (None, True, False):
+        raise ValueError(f"config.one_pass={config.one_pass!r} must be None, True or False")
     try:
         _check_cached(config, K, V, dtype_bytes, family)
     except TypeError:  # a field holding an unhashable value: check it uncached (it fails there)
@@ -177,7 +193,12 @@ def _check(config: GDNConfig, K: int, V: int, dtype_bytes: int, family: str) -> 
         if dim % 16 != 0 or not 16 <= dim <= MAX_HEAD_DIM:
             raise ValueError(f"{name}={dim} must be a multiple of 16 in [16, {MAX_HEAD_DIM}]")
     needs = {"l2norm": (), "gram": ("BK",), "wu": ("BK", "BV"), "state": ("BV",), "output": ("BK", "BV"),
-             "output_fused": ("BK", "BV"), "kda_cumsum": ("BK",), "kda_intra": ("BK",)}
+             "output_fused": ("BK", "BV"), "kda_cumsum": ("BK",), "kda_intra": ("BK",), "aqk": ("BK",),
+             "state_out": ("BV",)}
+    if family != "gdn" or K > ONE_PASS_MAX_K:
+        if config.one_pass:
+            raise ValueError(f"config.one_pass=True needs GDN with K <= {ONE_PASS_MAX_K}, got {family} K={K}")
+        del needs["aqk"], needs["state_out"]
     for name, blocks in needs.items():
         c = getattr(config, name)
         want = L2NormConfig if name == "l2norm" else KernelConfig
@@ -187,11 +208,11 @@ def _check(config: GDNConfig, K: int, V: int, dtype_bytes: int, family: str) -> 
             val = getattr(c, b)
             if val not in _BLOCKS:
                 raise ValueError(f"config.{name}.{b}={val!r} must be one of {_BLOCKS}")
-        if name == "state" and c.BK is not None:
+        if name in ("state", "state_out") and c.BK is not None:
             if c.BK not in _BLOCKS:
-                raise ValueError(f"config.state.BK={c.BK!r} must be None or one of {_BLOCKS}")
+                raise ValueError(f"config.{name}.BK={c.BK!r} must be None or one of {_BLOCKS}")
             if cdiv(K, state_piece(c, K)) > 4:
-                raise ValueError(f"config.state.BK={c.BK} splits K={K} into more than 4 pieces")
+                raise ValueError(f"config.{name}.BK={c.BK} splits K={K} into more than 4 pieces")
         if name == "l2norm" and (c.BR < 1 or c.BR & (c.BR - 1)):
             raise ValueError(f"config.l2norm.BR={c.BR} must be a power of two")
         if c.num_warps not in _WARPS:
@@ -224,7 +245,7 @@ def default_config(K: int, V: int, dtype_bytes: int = 2, family: str = "gdn") ->
     The defaults are tuned for K = V = 128 in 16-bit storage; there the 3-stage state kernel
     is 1.6x faster than 2 stages, but at K = 256 with fp32 storage it does not fit."""
     cfg = DEFAULT_CONFIG
-    for name in ("gram", "wu", "state", "output", "output_fused", "kda_cumsum", "kda_intra"):
+    for name in ("gram", "wu", "state", "output", "output_fused", "kda_cumsum", "kda_intra", "aqk", "state_out"):
         c = getattr(cfg, name)
         while c.num_stages > 1 and _smem_estimate(name, c, K, V, dtype_bytes, family) > SMEM_LIMIT_BYTES:
             c = dataclasses.replace(c, num_stages=c.num_stages - 1)

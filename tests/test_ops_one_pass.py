@@ -1,0 +1,140 @@
+"""GDN's one-pass path (chunk_aqk + state_output: kernels/state_out.py) on the CPU under the interpreter,
+forced on with ``GDNConfig.one_pass=True``: every route against the fp64 recurrence, the fused-norm
+semantics of tests/test_ops_gdn.py, agreement with the two-kernel path, and ``ops.one_pass``'s rule."""
+
+import dataclasses
+import os
+
+os.environ["TRITON_INTERPRET"] = "1"
+
+import pytest  # noqa: E402
+import torch  # noqa: E402
+
+from gdnbench import ops  # noqa: E402
+from gdnbench.ops import GDNConfig, KernelConfig, chunk_gdn, default_config, l2norm, prepare_varlen  # noqa: E402
+
+from .test_ops_gdn import FUSED, TOL, check, make_inputs, reference, rel_rms  # noqa: E402
+
+
+def forced(K, V, dtype, **kernels):
+    return dataclasses.replace(default_config(K, V, torch.tensor([], dtype=dtype).element_size()), one_pass=True,
+                               **kernels)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+@pytest.mark.parametrize("norm", ["none", "flag", "fused_q", "fused_qk"])
+def test_packed_varlen_gva2_unequal_kv(norm, dtype):
+    """Packed sequences (tails < 64, an empty one, one > 64) with initial and final states, GVA 2, K != V."""
+    cu = torch.tensor([0, 37, 37, 101, 131], dtype=torch.int64)
+    q, k, v, g, beta, s0 = make_inputs(1, 131, 2, 4, 32, 48, dtype, n_seqs=4, h0=True)
+    if norm == "none":
+        q, k = l2norm(q), l2norm(k)
+    check(norm, dtype, q, k, v, g, beta, s0, cu, config=forced(32, 48, dtype))
+
+
+@pytest.mark.parametrize("norm", ["flag", "fused_qk"])
+def test_dense_batch_gva3(norm):
+    """B=2, T=130 (tail of 2 tokens), GVA ratio 3, no initial state."""
+    q, k, v, g, beta, _ = make_inputs(2, 130, 1, 3, 64, 32, torch.float32)
+    check(norm, torch.float32, q, k, v, g, beta, config=forced(64, 32, torch.float32))
+
+
+@pytest.mark.parametrize("piece,K,norm", [(16, 48, "fused_q"), (32, 96, "flag"), (64, 128, "fused_qk"),
+                                          (128, 96, "fused_q")])
+def test_state_pieces_and_tiles(piece, K, norm):
+    """The slab in pieces of BK rows (three, two, one partly masked), Aqk over several K tiles (BK 16),
+    varlen with initial states."""
+    cfg = forced(K, 16, torch.float32, aqk=KernelConfig(BK=16), state_out=KernelConfig(BK=piece, BV=16,
+                                                                                          num_warps=2))
+    q, k, v, g, beta, s0 = make_inputs(1, 100, 1, 2, K, 16, torch.float32, n_seqs=2, h0=True, seed=5)
+    check(norm, torch.float32, q, k, v, g, beta, s0, torch.tensor([0, 37, 100]), config=cfg)
+
+
+@pytest.mark.parametrize("norm", ["flag", "fused_q", "fused_qk"])
+def test_agrees_with_the_two_kernel_path(norm):
+    q, k, v, g, beta, s0 = make_inputs(1, 150, 2, 4, 64, 32, torch.float32, h0=True, seed=7)
+    kw = dict(initial_state=s0, output_final_state=True, norm=norm)
+    o1, f1 = chunk_gdn(q, k, v, g, beta, config=forced(64, 32, torch.float32), **kw)
+    o2, f2 = chunk_gdn(q, k, v, g, beta, config=dataclasses.replace(forced(64, 32, torch.float32), one_pass=False),
+                       **kw)
+    assert rel_rms(o1, o2) < 1e-6 and rel_rms(f1, f2) < 1e-6, (rel_rms(o1, o2), rel_rms(f1, f2))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+def test_zero_rows_and_row_scales(dtype):
+    """Zero q rows give zero output rows; per-row scales 1e-3..1e3 leave fused outputs at the flag route's."""
+    q, k, v, g, beta, _ = make_inputs(1, 70, 2, 2, 32, 32, dtype, seed=1)
+    gen = torch.Generator().manual_seed(2)
+    q = (q.float() * 10 ** (torch.rand(1, 70, 2, 1, generator=gen) * 6 - 3)).to(dtype)
+    k = (k.float() * 10 ** (torch.rand(1, 70, 2, 1, generator=gen) * 6 - 3)).to(dtype)
+    q[0, [3, 40, 69]] = 0
+    cfg = forced(32, 32, dtype)
+    outs = {n: chunk_gdn(q, k, v, g, beta, norm=n, output_final_state=True, config=cfg) for n in ("flag",) + FUSED}
+    ro, rf = reference(q, k, v, g, beta)
+    for norm, (o, fs) in outs.items():
+        assert (o[0, [3, 40, 69]] == 0).all(), norm
+        assert rel_rms(o, ro) < TOL[dtype] and rel_rms(fs, rf) < TOL[dtype], (norm, rel_rms(o, ro))
+
+
+@pytest.mark.filterwarnings("ignore:overflow encountered", "ignore:invalid value encountered")
+@pytest.mark.parametrize("huge_k", [True, False])
+def test_huge_rows_finite(huge_k):
+    """fp32 q rows of 1e30, with k rows of 1e30 (squares overflow) or 1e10 (raw q k products would)."""
+    q, k, v, g, beta, _ = make_inputs(1, 70, 1, 1, 32, 16, torch.float32, seed=3)
+    q[0, [2, 66]] *= 1e30
+    k[0, [7, 66]] *= 1e30 if huge_k else 1e10
+    cfg = forced(32, 16, torch.float32)
+    ro, rf = reference(q, k, v, g, beta)
+    for norm in ("flag",) + FUSED:
+        o, fs = chunk_gdn(q, k, v, g, beta, norm=norm, output_final_state=True, config=cfg)
+        assert torch.isfinite(o).all() and torch.isfinite(fs).all(), norm
+        assert rel_rms(o, ro) < 1e-4 and rel_rms(fs, rf) < 1e-4, norm
+
+
+@pytest.mark.filterwarnings("ignore:overflow encountered", "ignore:invalid value encountered")
+def test_fused_qk_fp16_rows_beyond_fp16():
+    """fp16 k rows of norm 1.7e5 with q rows along them: q_norm k^T on raw k leaves fp16's range, so
+    fused_qk keeps Aqk in fp32 (tolerance as in tests/test_ops_gdn.py's twin)."""
+    q, k, v, g, beta, _ = make_inputs(1, 70, 1, 1, 32, 16, torch.float16, seed=3)
+    k[0, [7, 66]] = (torch.sign(k[0, [7, 66]].float()) * 3e4).half()
+    q[0, [9, 66]] = k[0, [7, 66]]
+    o, fs = chunk_gdn(q, k, v, g, beta, norm="fused_qk", output_final_state=True, config=forced(32, 16, torch.float16))
+    ro, rf = reference(q, k, v, g, beta)
+    assert torch.isfinite(o).all() and torch.isfinite(fs).all()
+    assert rel_rms(o, ro) < 1e-2 and rel_rms(fs, rf) < 1e-2, (rel_rms(o, ro), rel_rms(fs, rf))
+
+
+def test_rule_on_the_contract_shapes():
+    """HV * tokens / longest sequence >= 20 streams: one pass on five gdn-qwen6 shapes, not on serving."""
+    cfg = GDNConfig()
+    assert ops.one_pass(cfg, 128, 32, 8192, 8192) and ops.one_pass(cfg, 128, 32, 32768, 32768)
+    assert ops.one_pass(cfg, 128, 64, 8192, 8192)
+    assert ops.one_pass(cfg, 128, 8, 8192, 3063)  # h4_hv8_mixed: 21.4 streams
+    assert ops.one_pass(cfg, 128, 48, 8192, 1024)
+    assert not ops.one_pass(cfg, 128, 8, 8192, 4096)  # h2_hv8_serving: 16
+    assert ops.one_pass(cfg, 128, 8, 3 * 100, 100)  # a dense batch of 3: 24
+    assert not ops.one_pass(cfg, 256, 64, 8192, 8192)  # above ONE_PASS_MAX_K
+    assert not ops.one_pass(dataclasses.replace(cfg, one_pass=False), 128, 64, 8192, 8192)
+    assert ops.one_pass(dataclasses.replace(cfg, one_pass=True), 64, 1, 100, 100)
+    assert prepare_varlen(torch.tensor([0, 5, 75, 78])).max_len == 70
+
+
+def test_rule_decides_the_forward(monkeypatch):
+    """Unforced, chunk_gdn takes the path the rule names (HV 20 x one sequence: one pass; HV 4: two kernels)."""
+    calls = []
+    monkeypatch.setattr(ops, "state_output", lambda *a, **k: calls.append("one") or (None, None))
+    monkeypatch.setattr(ops, "state_recurrence", lambda *a, **k: calls.append("two") or (None, None, None))
+    monkeypatch.setattr(ops, "chunk_output", lambda *a, **k: None)
+    for HV in (20, 4):
+        q, k, v, g, beta, _ = make_inputs(1, 16, 1, HV, 16, 16, torch.float32)
+        chunk_gdn(q, k, v, g, beta, norm="flag")
+    assert calls == ["one", "two"]
+
+
+def test_forcing_it_where_it_is_not_built():
+    with pytest.raises(ValueError, match="one_pass=True needs GDN with K <= 128"):
+        ops.validate(GDNConfig(one_pass=True), 192, 128)
+    with pytest.raises(ValueError, match="one_pass=True needs GDN"):
+        ops.validate(GDNConfig(one_pass=True), 128, 128, family="kda")
+    with pytest.raises(ValueError, match="one_pass='yes'"):
+        ops.validate(GDNConfig(one_pass="yes"), 128, 128)
