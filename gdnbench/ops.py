@@ -323,16 +323,20 @@ def chunk_output(q, k, v_new, h, g_cs, *, scale, rstd_k=None, ssq_k=None, fuse_q
 ONE_PASS_MIN_STREAMS = 20
 
 
-def one_pass(config: GDNConfig, K: int, HV: int, tokens: int, longest: int) -> bool:
+def one_pass(config: GDNConfig, K: int, HV: int, tokens: int, longest: int, norm: str = "none") -> bool:
     """Whether GDN's forward runs state and output in one pass (chunk_aqk + state_output) instead of
     state_recurrence + chunk_output, for ``tokens`` tokens in all whose ``longest`` sequence has that
     many.  ``config.one_pass`` decides where set.  Otherwise one pass where the work is wide against
     the longest sequence (HV * tokens / longest streams): each chunk step of the one-pass kernel is longer
     (q h and Aqk v_new join w h and k^T v_new), and the longest sequence pays that once per chunk, while
-    the h and v_new traffic and the output kernel it saves grow with every sequence's tokens and heads."""
+    the h and v_new traffic and the output kernel it saves grow with every sequence's tokens and heads.
+
+    The fused routes take it only when forced: their one-pass forms (FUSE_Q in kernels/state_out.py)
+    pass the interpreter tests and compile for sm_90, but have not been timed on a GPU; a first form
+    lost to the two kernels at h16_hv32_fixed8k and 32K (kernels/state_out.py)."""
     if config.one_pass is not None:
         return config.one_pass
-    if K > ONE_PASS_MAX_K:
+    if K > ONE_PASS_MAX_K or norm.startswith("fused"):
         return False
     return HV * tokens >= ONE_PASS_MIN_STREAMS * max(longest, 1)
 
@@ -472,7 +476,7 @@ def _forward(q, k, v, g, beta, scale, initial_state, output_final_state, cu_seql
                          aqk=aqk)
         return o, final_state
     B, T, HV = beta.shape
-    if one_pass(config, K, HV, B * T, T if varlen is None else varlen.max_len):
+    if one_pass(config, K, HV, B * T, T if varlen is None else varlen.max_len, norm):
         g_cs, A, rstd_k, _ = gram_solve(k, g, beta, varlen=varlen, fuse_k=fuse_k, config=config)
         w, u, _ = recompute_wu(k, v, beta, A, g_cs, rstd_k=rstd_k, varlen=varlen, config=config)
         aqk, r_q = chunk_aqk(q, k, g_cs, fuse_q=fuse_q, fuse_k=fuse_k, varlen=varlen, config=config)

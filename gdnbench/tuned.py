@@ -52,14 +52,15 @@ KERNEL_FUNCTIONS = {
 }
 KERNELS = tuple(KERNEL_FUNCTIONS)
 # the stage kernels each route launches, per family (explicit runs the same kernels as flag);
-# KDA runs kda_intra where GDN runs gram and shares the others; GDN runs state + output or, in one
-# pass (ops.one_pass, per shape), aqk + state_out: a route lists both
+# KDA runs kda_intra where GDN runs gram and shares the others; GDN's explicit and flag routes run
+# state + output or, in one pass (ops.one_pass, per shape), aqk + state_out: they list both (the fused
+# routes run one pass only when a config forces it)
 ONE_PASS_KERNELS = ("aqk", "state_out")
 _GDN_ROUTES = {
     "explicit": ("l2norm", "gram", "wu", "state", "output") + ONE_PASS_KERNELS,
     "flag": ("l2norm", "gram", "wu", "state", "output") + ONE_PASS_KERNELS,
-    "fused_q": ("l2norm", "gram", "wu", "state", "output_fused") + ONE_PASS_KERNELS,
-    "fused_qk": ("gram", "wu", "state", "output_fused") + ONE_PASS_KERNELS,
+    "fused_q": ("l2norm", "gram", "wu", "state", "output_fused"),
+    "fused_qk": ("gram", "wu", "state", "output_fused"),
 }
 ROUTES = tuple(_GDN_ROUTES)
 ROUTE_KERNELS = {"gdn": _GDN_ROUTES,
@@ -81,8 +82,6 @@ def variant_of(kernel: str, route: str, family: str = "gdn") -> str:
     its output kernel reads Aqk, which kda_intra built with k's rstd: fused_qk runs fused_q's."""
     if kernel == "output_fused":
         return "fused_q" if family == "kda" else route
-    if kernel in ONE_PASS_KERNELS:
-        return route if route.startswith("fused") else "plain"
     fuse_k = ("gram", "wu") if family == "gdn" else ("kda_intra", "wu")
     if kernel in fuse_k and route == "fused_qk":
         return "fuse_k"

@@ -94,6 +94,7 @@ def test_kda_tasks_per_route():
 def test_plan_tasks_dedupes_specializations():
     tasks = at.plan_tasks(["explicit", "flag"], list(at.KERNELS))
     assert [t.kernel for t in tasks] == ["l2norm", "gram", "wu", "state", "output", "aqk", "state_out"]
+    assert not at.plan_tasks(["fused_q", "fused_qk"], ["aqk", "state_out"])  # one pass: explicit, flag
     assert {t.variant for t in tasks} == {"plain"}
     tasks = at.plan_tasks(list(at.ROUTES), ["gram", "output_fused"])
     assert [(t.kernel, t.variant, t.route) for t in tasks] == [

@@ -61,7 +61,7 @@ class GdnbenchBackend(Backend):
                 from ..tuned import device_env, tuned_config
 
                 cfg, label = tuned_config(shape, route, device_env())
-            self._resolved[key] = _pin_path(shape, cfg if label != "default" else None, label)
+            self._resolved[key] = _pin_path(shape, route, cfg if label != "default" else None, label)
         return self._resolved[key]
 
     def config_label(self, shape, route, device):
@@ -98,10 +98,10 @@ class GdnbenchDefaultBackend(GdnbenchBackend):
     name = "gdnbench-default"
 
     def _config(self, shape, route, device):
-        return _pin_path(shape, None, "default")
+        return _pin_path(shape, route, None, "default")
 
 
-def _pin_path(shape, cfg, label: str):
+def _pin_path(shape, route: str, cfg, label: str):
     """(config, label) with GDN's path (one pass or two kernels, ops.one_pass) decided on this shape,
     the full one: the gate's shortened copy then runs the path that is timed."""
     if shape.family != "gdn":
@@ -111,5 +111,6 @@ def _pin_path(shape, cfg, label: str):
     from .. import ops
 
     base = cfg or ops.default_config(shape.K, shape.V, 4 if shape.dtype == "float32" else 2)
-    one = ops.one_pass(base, shape.K, shape.HV, shape.tokens, max(shape.lens))
+    norm = "none" if route == "explicit" else route
+    one = ops.one_pass(base, shape.K, shape.HV, shape.tokens, max(shape.lens), norm)
     return dataclasses.replace(base, one_pass=one), f"{label}; {'one pass' if one else 'two kernels'}"

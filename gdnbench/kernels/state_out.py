@@ -85,7 +85,7 @@ def aqk_kernel(q, k, g_cs, aqk, r_q, cu_seqlens, chunk_indices, T, NT,
         if tl.max(tl.max(overflowed, 1), 0) == 0:
             b_s = b_s * r[:, None]
         else:
-            b_s, _ = _qk_dots(qb, kb, rows, m_t, r, K, H * K, BT, BK, True, False, PREC)
+            b_s = _qk_dots(qb, kb, rows, m_t, r, K, H * K, BT, BK, True, False, PREC)[0]
     c = tl.load(g_cs + tok0 * HV + i_hv + rows * HV, mask=m_t, other=0.0)
     keep = (rows[:, None] >= rows[None, :]) & m_t[:, None] & m_t[None, :]
     b_s = tl.where(keep, b_s * tl.math.exp2(c[:, None] - c[None, :]), 0.0)
