@@ -19,7 +19,7 @@ FUSE_Q (fused_q, fused_qk): q is raw.  aqk_kernel accumulates q k^T and q q^T in
 chunk's rows, takes q's rstd from the diagonal (overflow-safe, as the output kernel does) and writes it
 (r_q [B,T,HV] fp32) beside Aqk, whose rows it scales by it; state_out multiplies q h's rows by r_q
 after the dot, off the state's dependency chain.  An earlier form that normalized q's tiles before
-every dot cost 29 us more per state_out call at h16_hv32_fixed8k and 110 at 32K (H200, tuned;
+every dot cost 29 us more per state_out call at h16_hv32_fixed8k and 110-112 at 32K (H200, tuned;
 logs/20261130_session13/tune_state_out.log).  Under fused_qk k is raw and v_new's rows carry k's rstd
 (the w/u kernel puts it on w and u), so Aqk is built on raw k; where a raw product overflows fp32
 (|q| |k| beyond ~1e38) aqk_kernel redoes the chunk with q normalized on load (|q_norm . k| <= |k|),
