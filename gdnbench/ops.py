@@ -317,9 +317,10 @@ def chunk_output(q, k, v_new, h, g_cs, *, scale, rstd_k=None, ssq_k=None, fuse_q
     return o
 
 
-# one pass above this many (value head, sequence) streams over the longest sequence, HV * tokens / longest:
-# on the H200 (logs/20261130_session13/state_out_aqk.log) h2_hv8_serving (16 streams) lost, 1.103, and
-# h4_hv8_mixed (21.4) won, 0.978, as did every shape of 32 streams or more (0.834-0.918)
+# one pass from this many (value head, sequence) streams over the longest sequence, HV * tokens / longest.
+# H200, the two stages (logs/20261130_session13/state_out_aqk.log): h2_hv8_serving (16 streams) lost,
+# 1.103; h4_hv8_mixed (21.4) won, 0.978, as did every shape of 32 streams or more (0.834-0.918).  In the
+# whole explicit forward (runs d8840d1 -> a0f8088) h4_hv8_mixed broke even, 1.014, the others 0.886-0.950
 ONE_PASS_MIN_STREAMS = 20
 
 
@@ -362,7 +363,7 @@ def state_output(q, k, w, u, g_cs, aqk, r_q=None, *, scale, initial_state=None, 
                  varlen=None, config: GDNConfig = DEFAULT_CONFIG):
     """One-pass stage 3b (GDN): (o [B,T,HV,V] in u's dtype, final_state [N,HV,K,V] fp32 or None): the state
     recurrence of :func:`state_recurrence` writing o as it goes, from :func:`chunk_aqk`'s Aqk (and r_q:
-    q is raw and normalized on load)."""
+    q is raw, and the rows of q h take r_q)."""
     B, T, H, K = k.shape
     HV, V = u.shape[2], u.shape[3]
     N = varlen.num_seqs if varlen is not None else B
