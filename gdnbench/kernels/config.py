@@ -134,11 +134,16 @@ def _smem_estimate(name: str, c, K: int, V: int, elt: int, family: str = "gdn") 
         bk, bv = block(c.BK, K), block(c.BV, V)
         return BT * BT * elt + st * BT * max(bk, bv) * elt + st * BT * bk * gate
     if name == "aqk":
-        return st * 2 * BT * block(c.BK, K) * elt + BT * BT * 4
+        # q, k and (fused routes) q again per stage; fp32 K 128 BK 64, 2 stages: 65536 B plain, 98304 fused
+        return st * 3 * BT * block(c.BK, K) * elt + BT * BT * 4
     if name == "state_out":
-        # as "state", with q's tiles beside w's and k's, and the Aqk tile
+        # the w, q and k tiles of every piece, the Aqk and u tiles, per stage after the first; calibrated on
+        # offline sm_90 compiles (Triton 3.6, logs/20261130_session13/one_pass_smem_offline.log): fp32 K 128
+        # BV 32 takes 32768 / 139524 / 262664 B at 1 / 2 / 3 stages (this gives 32768 / 155648 / 278528);
+        # 16-bit builds take 12-34 KB at any stage count
         bv, piece = block(c.BV, V), state_piece(c, K)
-        return max(st - 1, 1) * cdiv(K, piece) * 3 * BT * piece * elt + 2 * BT * bv * elt + BT * BT * 4
+        per_stage = cdiv(K, piece) * 3 * BT * piece * elt + BT * BT * elt + BT * bv * elt
+        return BT * BT * 4 + 2 * BT * bv * elt + (st - 1) * per_stage
     if name == "state":
         # the pipeliner double-buffers the w and k tiles of every state piece (measured for fp32
         # with 64-row pieces; 16-bit builds stay far below this)
