@@ -24,7 +24,9 @@ logs/20261130_session13/tune_state_out.log).  Under fused_qk k is raw and v_new'
 (the w/u kernel puts it on w and u), so Aqk is built on raw k; where a raw product overflows fp32
 (|q| |k| beyond ~1e38) aqk_kernel redoes the chunk with q normalized on load (|q_norm . k| <= |k|),
 and with fp16 storage ops keeps Aqk in fp32 (raw k may leave fp16's range).  As in the output kernel,
-q h on raw q limits q rows to |q| below ~1e36.
+q h on raw q limits q rows to |q| below ~1e36.  This form passes the interpreter tests and compiles
+for sm_90, but has not been timed on a GPU: ``ops.one_pass`` keeps the fused routes on the two
+kernels unless a config forces one pass.
 """
 
 import triton
