@@ -37,8 +37,8 @@ def _digests(tree: str, kernel: str, shape: dict, route: str, point: dict) -> li
     elt = {"float32": 4}.get(shape.dtype, 2)
     cfg = ops.default_config(shape.K, shape.V, elt, shape.family)
     cfg = dataclasses.replace(cfg, **{kernel: tuned.kernel_config(kernel, point)})
-    if kernel in getattr(tuned, "ONE_PASS_KERNELS", ()):  # GDN's one-pass kernels: take that path
-        cfg = dataclasses.replace(cfg, one_pass=True)
+    if hasattr(cfg, "one_pass") and shape.family == "gdn":  # GDN: take the path that runs ``kernel``
+        cfg = dataclasses.replace(cfg, one_pass=kernel in tuned.ONE_PASS_KERNELS)
     launches = []
     record_launches(launches)
     dt = getattr(torch, shape.dtype)
