@@ -43,6 +43,40 @@ def _piece_store(ptr, b_h, o_k, o_v, K: tl.constexpr, V: tl.constexpr):
 
 
 @triton.jit
+def _initial_pieces(h0, i_nh, o_v, K: tl.constexpr, V: tl.constexpr, BV: tl.constexpr, PIECE: tl.constexpr,
+                    USE_H0: tl.constexpr):
+    """The slab's four fp32 pieces of PIECE rows (those past K stay zero and unused): zeros, or h0's rows."""
+    o_k = tl.arange(0, PIECE)
+    b_h1 = tl.zeros([PIECE, BV], dtype=tl.float32)
+    b_h2 = tl.zeros([PIECE, BV], dtype=tl.float32)
+    b_h3 = tl.zeros([PIECE, BV], dtype=tl.float32)
+    b_h4 = tl.zeros([PIECE, BV], dtype=tl.float32)
+    if USE_H0:
+        p0 = h0 + i_nh.to(tl.int64) * K * V
+        b_h1 += _piece_load(p0, o_k, o_v, K, V)
+        if K > PIECE:
+            b_h2 += _piece_load(p0, o_k + PIECE, o_v, K, V)
+        if K > 2 * PIECE:
+            b_h3 += _piece_load(p0, o_k + 2 * PIECE, o_v, K, V)
+        if K > 3 * PIECE:
+            b_h4 += _piece_load(p0, o_k + 3 * PIECE, o_v, K, V)
+    return b_h1, b_h2, b_h3, b_h4
+
+
+@triton.jit
+def _store_pieces(ptr, b_h1, b_h2, b_h3, b_h4, o_v, K: tl.constexpr, V: tl.constexpr, PIECE: tl.constexpr):
+    """Store the slab's pieces that lie within K (ptr: the state's [K, V] base)."""
+    o_k = tl.arange(0, PIECE)
+    _piece_store(ptr, b_h1, o_k, o_v, K, V)
+    if K > PIECE:
+        _piece_store(ptr, b_h2, o_k + PIECE, o_v, K, V)
+    if K > 2 * PIECE:
+        _piece_store(ptr, b_h3, o_k + 2 * PIECE, o_v, K, V)
+    if K > 3 * PIECE:
+        _piece_store(ptr, b_h4, o_k + 3 * PIECE, o_v, K, V)
+
+
+@triton.jit
 def _w_times_h(wb, rows, m_t, o_k, b_h, acc, K: tl.constexpr, stride, PREC: tl.constexpr):
     """acc += w[:, piece] @ h_piece."""
     b_w = tl.load(wb + rows[:, None] * stride + o_k[None, :], mask=m_t[:, None] & (o_k < K)[None, :], other=0.0)
@@ -92,22 +126,7 @@ def state_kernel(
     o_k3 = o_k2 + PIECE
     o_k4 = o_k3 + PIECE
 
-    b_h1 = tl.zeros([PIECE, BV], dtype=tl.float32)
-    if K > PIECE:
-        b_h2 = tl.zeros([PIECE, BV], dtype=tl.float32)
-    if K > 2 * PIECE:
-        b_h3 = tl.zeros([PIECE, BV], dtype=tl.float32)
-    if K > 3 * PIECE:
-        b_h4 = tl.zeros([PIECE, BV], dtype=tl.float32)
-    if USE_H0:
-        p0 = h0 + i_nh.to(tl.int64) * K * V
-        b_h1 += _piece_load(p0, o_k1, o_v, K, V)
-        if K > PIECE:
-            b_h2 += _piece_load(p0, o_k2, o_v, K, V)
-        if K > 2 * PIECE:
-            b_h3 += _piece_load(p0, o_k3, o_v, K, V)
-        if K > 3 * PIECE:
-            b_h4 += _piece_load(p0, o_k4, o_v, K, V)
+    b_h1, b_h2, b_h3, b_h4 = _initial_pieces(h0, i_nh, o_v, K, V, BV, PIECE, USE_H0)
 
     rows = tl.arange(0, BT)
     for i_t in range(n_chunks):
@@ -122,14 +141,7 @@ def state_kernel(
         else:
             gb = g_cs + tok * HV + i_hv
         # state entering this chunk
-        ph = h + ((boh + i_t) * HV + i_hv) * K * V
-        _piece_store(ph, b_h1, o_k1, o_v, K, V)
-        if K > PIECE:
-            _piece_store(ph, b_h2, o_k2, o_v, K, V)
-        if K > 2 * PIECE:
-            _piece_store(ph, b_h3, o_k3, o_v, K, V)
-        if K > 3 * PIECE:
-            _piece_store(ph, b_h4, o_k4, o_v, K, V)
+        _store_pieces(h + ((boh + i_t) * HV + i_hv) * K * V, b_h1, b_h2, b_h3, b_h4, o_v, K, V, PIECE)
 
         n_valid = seq_len - i_t * BT
         m_t = rows < n_valid
@@ -175,11 +187,4 @@ def state_kernel(
             b_h4 = _add_kv(kb, rows, m_t, o_k4, b_vd, b_h4 * d4, K, H * K, PREC)
 
     if STORE_HT:
-        pt = ht + i_nh.to(tl.int64) * K * V
-        _piece_store(pt, b_h1, o_k1, o_v, K, V)
-        if K > PIECE:
-            _piece_store(pt, b_h2, o_k2, o_v, K, V)
-        if K > 2 * PIECE:
-            _piece_store(pt, b_h3, o_k3, o_v, K, V)
-        if K > 3 * PIECE:
-            _piece_store(pt, b_h4, o_k4, o_v, K, V)
+        _store_pieces(ht + i_nh.to(tl.int64) * K * V, b_h1, b_h2, b_h3, b_h4, o_v, K, V, PIECE)

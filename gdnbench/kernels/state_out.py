@@ -34,7 +34,7 @@ import triton.language as tl
 
 from .common import chunk_coords, diag_ssq, row_rstd
 from .output import _qq_dot
-from .state import _add_kv, _piece_load, _piece_store, _w_times_h
+from .state import _add_kv, _initial_pieces, _store_pieces, _w_times_h
 
 
 @triton.jit
@@ -128,22 +128,7 @@ def state_out_kernel(
     o_k2 = o_k1 + PIECE
     o_k3 = o_k2 + PIECE
     o_k4 = o_k3 + PIECE
-    b_h1 = tl.zeros([PIECE, BV], dtype=tl.float32)
-    if K > PIECE:
-        b_h2 = tl.zeros([PIECE, BV], dtype=tl.float32)
-    if K > 2 * PIECE:
-        b_h3 = tl.zeros([PIECE, BV], dtype=tl.float32)
-    if K > 3 * PIECE:
-        b_h4 = tl.zeros([PIECE, BV], dtype=tl.float32)
-    if USE_H0:
-        p0 = h0 + i_nh.to(tl.int64) * K * V
-        b_h1 += _piece_load(p0, o_k1, o_v, K, V)
-        if K > PIECE:
-            b_h2 += _piece_load(p0, o_k2, o_v, K, V)
-        if K > 2 * PIECE:
-            b_h3 += _piece_load(p0, o_k3, o_v, K, V)
-        if K > 3 * PIECE:
-            b_h4 += _piece_load(p0, o_k4, o_v, K, V)
+    b_h1, b_h2, b_h3, b_h4 = _initial_pieces(h0, i_nh, o_v, K, V, BV, PIECE, USE_H0)
 
     rows = tl.arange(0, BT)
     for i_t in range(n_chunks):
@@ -198,11 +183,4 @@ def state_out_kernel(
             b_h4 = _add_kv(kb, rows, m_t, o_k4, b_vd, b_h4 * d_last, K, H * K, PREC)
 
     if STORE_HT:
-        pt = ht + i_nh.to(tl.int64) * K * V
-        _piece_store(pt, b_h1, o_k1, o_v, K, V)
-        if K > PIECE:
-            _piece_store(pt, b_h2, o_k2, o_v, K, V)
-        if K > 2 * PIECE:
-            _piece_store(pt, b_h3, o_k3, o_v, K, V)
-        if K > 3 * PIECE:
-            _piece_store(pt, b_h4, o_k4, o_v, K, V)
+        _store_pieces(ht + i_nh.to(tl.int64) * K * V, b_h1, b_h2, b_h3, b_h4, o_v, K, V, PIECE)
