@@ -476,15 +476,13 @@ def _forward(q, k, v, g, beta, scale, initial_state, output_final_state, cu_seql
         o = chunk_output(q, None, v_new, h, g_cs, scale=scale, fuse_q=fuse_q, varlen=varlen, config=config,
                          aqk=aqk)
         return o, final_state
+    g_cs, A, rstd_k, ssq_k = gram_solve(k, g, beta, varlen=varlen, fuse_k=fuse_k, config=config)
+    w, u, _ = recompute_wu(k, v, beta, A, g_cs, rstd_k=rstd_k, varlen=varlen, config=config)
     B, T, HV = beta.shape
     if one_pass(config, K, HV, B * T, T if varlen is None else varlen.max_len, norm):
-        g_cs, A, rstd_k, _ = gram_solve(k, g, beta, varlen=varlen, fuse_k=fuse_k, config=config)
-        w, u, _ = recompute_wu(k, v, beta, A, g_cs, rstd_k=rstd_k, varlen=varlen, config=config)
         aqk, r_q = chunk_aqk(q, k, g_cs, fuse_q=fuse_q, fuse_k=fuse_k, varlen=varlen, config=config)
         return state_output(q, k, w, u, g_cs, aqk, r_q, scale=scale, initial_state=initial_state,
                             output_final_state=output_final_state, varlen=varlen, config=config)
-    g_cs, A, rstd_k, ssq_k = gram_solve(k, g, beta, varlen=varlen, fuse_k=fuse_k, config=config)
-    w, u, _ = recompute_wu(k, v, beta, A, g_cs, rstd_k=rstd_k, varlen=varlen, config=config)
     h, v_new, final_state = state_recurrence(k, w, u, g_cs, initial_state=initial_state,
                                              output_final_state=output_final_state, varlen=varlen, config=config)
     o = chunk_output(q, k, v_new, h, g_cs, scale=scale, rstd_k=rstd_k, ssq_k=ssq_k, fuse_q=fuse_q, varlen=varlen,
