@@ -43,6 +43,18 @@ def _piece_store(ptr, b_h, o_k, o_v, K: tl.constexpr, V: tl.constexpr):
 
 
 @triton.jit
+def _sequence_span(cu_seqlens, i_n, T, IS_VARLEN: tl.constexpr):
+    """(first token as int64, length) of sequence i_n: packed (cu_seqlens) or the dense layout's row."""
+    if IS_VARLEN:
+        bos = tl.load(cu_seqlens + i_n).to(tl.int64)
+        seq_len = (tl.load(cu_seqlens + i_n + 1).to(tl.int64) - bos).to(tl.int32)
+    else:
+        bos = i_n.to(tl.int64) * T
+        seq_len = T
+    return bos, seq_len
+
+
+@triton.jit
 def _initial_pieces(h0, i_nh, o_v, K: tl.constexpr, V: tl.constexpr, BV: tl.constexpr, PIECE: tl.constexpr,
                     USE_H0: tl.constexpr):
     """The slab's four fp32 pieces of PIECE rows (those past K stay zero and unused): zeros, or h0's rows."""
@@ -109,13 +121,10 @@ def state_kernel(
     i_v, i_nh = tl.program_id(0), tl.program_id(1)
     i_n, i_hv = i_nh // HV, i_nh % HV
     i_h = i_hv // (HV // H)
+    bos, seq_len = _sequence_span(cu_seqlens, i_n, T, IS_VARLEN)
     if IS_VARLEN:
-        bos = tl.load(cu_seqlens + i_n).to(tl.int64)
-        seq_len = (tl.load(cu_seqlens + i_n + 1).to(tl.int64) - bos).to(tl.int32)
         boh = tl.load(chunk_offsets + i_n).to(tl.int64)
     else:
-        bos = i_n.to(tl.int64) * T
-        seq_len = T
         boh = i_n.to(tl.int64) * tl.cdiv(T, BT)
     n_chunks = tl.cdiv(seq_len, BT)
 

@@ -34,7 +34,7 @@ import triton.language as tl
 
 from .common import chunk_coords, diag_ssq, row_rstd
 from .output import _qq_dot
-from .state import _add_kv, _initial_pieces, _store_pieces, _w_times_h
+from .state import _add_kv, _initial_pieces, _sequence_span, _store_pieces, _w_times_h
 
 
 @triton.jit
@@ -95,13 +95,6 @@ def aqk_kernel(q, k, g_cs, aqk, r_q, cu_seqlens, chunk_indices, T, NT,
              b_s.to(aqk.dtype.element_ty), mask=m_t[:, None])
 
 
-@triton.jit
-def _q_times_h(qb, rows, m_t, o_k, b_h, acc, K: tl.constexpr, stride, PREC: tl.constexpr):
-    """acc += q[:, piece] @ h_piece."""
-    b_q = tl.load(qb + rows[:, None] * stride + o_k[None, :], mask=m_t[:, None] & (o_k < K)[None, :], other=0.0)
-    return tl.dot(b_q, b_h.to(b_q.dtype), acc, input_precision=PREC)
-
-
 @triton.jit(do_not_specialize=["T"])
 def state_out_kernel(
     q, k, w, u, g_cs, aqk, r_q, o, h0, ht, cu_seqlens, scale, T,
@@ -114,12 +107,7 @@ def state_out_kernel(
     i_v, i_nh = tl.program_id(0), tl.program_id(1)
     i_n, i_hv = i_nh // HV, i_nh % HV
     i_h = i_hv // (HV // H)
-    if IS_VARLEN:
-        bos = tl.load(cu_seqlens + i_n).to(tl.int64)
-        seq_len = (tl.load(cu_seqlens + i_n + 1).to(tl.int64) - bos).to(tl.int32)
-    else:
-        bos = i_n.to(tl.int64) * T
-        seq_len = T
+    bos, seq_len = _sequence_span(cu_seqlens, i_n, T, IS_VARLEN)
     n_chunks = tl.cdiv(seq_len, BT)
 
     o_v = i_v * BV + tl.arange(0, BV)
@@ -143,16 +131,16 @@ def state_out_kernel(
         b_wh = tl.zeros([BT, BV], dtype=tl.float32)
         b_qh = tl.zeros([BT, BV], dtype=tl.float32)
         b_wh = _w_times_h(wb, rows, m_t, o_k1, b_h1, b_wh, K, HV * K, PREC)
-        b_qh = _q_times_h(qb, rows, m_t, o_k1, b_h1, b_qh, K, H * K, PREC)
+        b_qh = _w_times_h(qb, rows, m_t, o_k1, b_h1, b_qh, K, H * K, PREC)  # q h, as w h
         if K > PIECE:
             b_wh = _w_times_h(wb, rows, m_t, o_k2, b_h2, b_wh, K, HV * K, PREC)
-            b_qh = _q_times_h(qb, rows, m_t, o_k2, b_h2, b_qh, K, H * K, PREC)
+            b_qh = _w_times_h(qb, rows, m_t, o_k2, b_h2, b_qh, K, H * K, PREC)  # q h, as w h
         if K > 2 * PIECE:
             b_wh = _w_times_h(wb, rows, m_t, o_k3, b_h3, b_wh, K, HV * K, PREC)
-            b_qh = _q_times_h(qb, rows, m_t, o_k3, b_h3, b_qh, K, H * K, PREC)
+            b_qh = _w_times_h(qb, rows, m_t, o_k3, b_h3, b_qh, K, H * K, PREC)  # q h, as w h
         if K > 3 * PIECE:
             b_wh = _w_times_h(wb, rows, m_t, o_k4, b_h4, b_wh, K, HV * K, PREC)
-            b_qh = _q_times_h(qb, rows, m_t, o_k4, b_h4, b_qh, K, H * K, PREC)
+            b_qh = _w_times_h(qb, rows, m_t, o_k4, b_h4, b_qh, K, H * K, PREC)  # q h, as w h
         m_tv = m_t[:, None] & m_v[None, :]
         p_uv = rows[:, None] * (HV * V) + o_v[None, :]
         b_vn = tl.load(u + tok * (HV * V) + i_hv * V + p_uv, mask=m_tv, other=0.0).to(tl.float32) - b_wh
