@@ -332,12 +332,10 @@ def one_pass(config: GDNConfig, K: int, HV: int, tokens: int, longest: int, norm
     (q h and Aqk v_new join w h and k^T v_new), and the longest sequence pays that once per chunk, while
     the h and v_new traffic and the output kernel it saves grow with every sequence's tokens and heads.
 
-    The fused routes take it only when forced: their one-pass forms (FUSE_Q in kernels/state_out.py)
-    pass the interpreter tests and compile for sm_90, but have not been timed on a GPU; a first form
-    lost to the two kernels at h16_hv32_fixed8k and 32K (kernels/state_out.py)."""
+    The fused routes follow the same rule (their FUSE_Q forms in kernels/state_out.py)."""
     if config.one_pass is not None:
         return config.one_pass
-    if K > ONE_PASS_MAX_K or norm.startswith("fused"):
+    if K > ONE_PASS_MAX_K:
         return False
     return HV * tokens >= ONE_PASS_MIN_STREAMS * max(longest, 1)
 

@@ -16,7 +16,8 @@ key matches the machine and the code:
   ``kda_K128_V128_H96_HV96_bfloat16_fixed_T8192``;
 - ``variant``: which specialization of the kernel ran (``plain``; ``fuse_k`` for the k-norm
   folded into gram/kda_intra/wu under fused_qk (the state kernel runs plain: GDN's v_new carries
-  k's rstd, KDA's kg does); ``fused_q`` / ``fused_qk`` for output_fused).
+  k's rstd, KDA's kg does); ``fused_q`` / ``fused_qk`` for output_fused; ``fused_q`` for aqk and
+  state_out under both fused routes (their FUSE_Q form)).
 
 No torch import here; :func:`device_env` imports it lazily.
 """
@@ -53,14 +54,13 @@ KERNEL_FUNCTIONS = {
 KERNELS = tuple(KERNEL_FUNCTIONS)
 # the stage kernels each route launches, per family (explicit runs the same kernels as flag);
 # KDA runs kda_intra where GDN runs gram and shares the others; GDN's explicit and flag routes run
-# state + output or, in one pass (ops.one_pass, per shape), aqk + state_out: they list both (the fused
-# routes run one pass only when a config forces it)
+# state + output or, in one pass (ops.one_pass, per shape), aqk + state_out: every route lists both
 ONE_PASS_KERNELS = ("aqk", "state_out")
 _GDN_ROUTES = {
     "explicit": ("l2norm", "gram", "wu", "state", "output") + ONE_PASS_KERNELS,
     "flag": ("l2norm", "gram", "wu", "state", "output") + ONE_PASS_KERNELS,
-    "fused_q": ("l2norm", "gram", "wu", "state", "output_fused"),
-    "fused_qk": ("gram", "wu", "state", "output_fused"),
+    "fused_q": ("l2norm", "gram", "wu", "state", "output_fused") + ONE_PASS_KERNELS,
+    "fused_qk": ("gram", "wu", "state", "output_fused") + ONE_PASS_KERNELS,
 }
 ROUTES = tuple(_GDN_ROUTES)
 ROUTE_KERNELS = {"gdn": _GDN_ROUTES,
@@ -82,6 +82,8 @@ def variant_of(kernel: str, route: str, family: str = "gdn") -> str:
     its output kernel reads Aqk, which kda_intra built with k's rstd: fused_qk runs fused_q's."""
     if kernel == "output_fused":
         return "fused_q" if family == "kda" else route
+    if kernel in ONE_PASS_KERNELS and route.startswith("fused"):
+        return "fused_q"  # FUSE_Q: q raw (under fused_qk, k's rstd rides on w, u and v_new)
     fuse_k = ("gram", "wu") if family == "gdn" else ("kda_intra", "wu")
     if kernel in fuse_k and route == "fused_qk":
         return "fuse_k"

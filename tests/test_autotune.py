@@ -88,6 +88,8 @@ def test_kda_tasks_per_route():
     assert tuned.variant_of("state", "fused_qk", "kda") == "plain" and tuned.variant_of("state", "fused_qk") == "plain"
     assert tuned.variant_of("output_fused", "fused_qk", "kda") == "fused_q"
     assert tuned.variant_of("output_fused", "fused_qk") == "fused_qk"
+    assert tuned.variant_of("aqk", "fused_qk") == tuned.variant_of("state_out", "fused_q") == "fused_q"
+    assert tuned.variant_of("aqk", "explicit") == "plain"
     assert at.plan_tasks(["fused_qk"], ["gram"], "kda") == [] and at.plan_tasks(["flag"], ["kda_intra"]) == []
 
 
