@@ -556,8 +556,9 @@ class _Bench:
         out_k, out_rk, out_ssq = (None, None, None) if self.kda else (k, rk, ssq)
         h, vn, _ = ops.state_recurrence(state_k, w, u, g_cs, initial_state=h0,
                                         output_final_state=True, varlen=info, config=cfg)
-        # GDN's one pass (explicit, flag): its own q k^T gram for state_out
-        a1, rq = (None, None) if self.kda or fuse_q else ops.chunk_aqk(q, k, g_cs, varlen=info, config=cfg)
+        # GDN's one pass: its own q k^T gram (and q's rstd under the fused routes) for state_out
+        a1, rq = (None, None) if self.kda else ops.chunk_aqk(q, k, g_cs, fuse_q=fuse_q, fuse_k=fuse_k,
+                                                             varlen=info, config=cfg)
         self._stage[route] = dict(q=q, k=k, g_cs=g_cs, A=A, aqk=aqk, rk=rk, w=w, u=u, h0=h0, h=h, vn=vn,
                                   info=info, fuse_k=fuse_k, fuse_q=fuse_q, state_k=state_k,
                                   out_k=out_k, out_rk=out_rk, out_ssq=out_ssq, a1=a1, rq=rq)

@@ -96,7 +96,8 @@ def test_kda_tasks_per_route():
 def test_plan_tasks_dedupes_specializations():
     tasks = at.plan_tasks(["explicit", "flag"], list(at.KERNELS))
     assert [t.kernel for t in tasks] == ["l2norm", "gram", "wu", "state", "output", "aqk", "state_out"]
-    assert not at.plan_tasks(["fused_q", "fused_qk"], ["aqk", "state_out"])  # one pass: explicit, flag
+    assert [(t.kernel, t.variant, t.route) for t in at.plan_tasks(["fused_q", "fused_qk"], ["aqk", "state_out"])] == [
+        ("aqk", "fused_q", "fused_q"), ("state_out", "fused_q", "fused_q")]
     assert {t.variant for t in tasks} == {"plain"}
     tasks = at.plan_tasks(list(at.ROUTES), ["gram", "output_fused"])
     assert [(t.kernel, t.variant, t.route) for t in tasks] == [
@@ -560,6 +561,23 @@ def test_kda_candidates_evaluate_in_a_cpu_worker():
             r = client.evaluate(kernel, route, point)
             assert r["status"] == "ok", r
             assert r["time_us"] > 0 and r["err_vs_default"] < 1e-5 and r["err_o"] <= r["budget_o"]
+    finally:
+        client.close()
+
+
+def test_gdn_one_pass_candidates_evaluate_in_a_cpu_worker():
+    """GDN's one-pass kernels under every route's specialization: aqk (q's rstd under FUSE_Q) feeds
+    state_out in the worker's stage chain, and non-default points pass the gate and are timed."""
+    client = _smoke_client("gdn_packed_gva3")  # varlen, GVA 3, fp16
+    try:
+        for kernel in ("aqk", "state_out"):
+            for route in ("flag", "fused_q", "fused_qk"):
+                point = {"BK": 16, "num_warps": 2, "num_stages": 1, "maxnreg": None}
+                if kernel == "state_out":
+                    point["BV"] = 16
+                r = client.evaluate(kernel, route, point)
+                assert r["status"] == "ok", (kernel, route, r)
+                assert r["time_us"] > 0 and r["err_vs_default"] < 1e-3 and r["err_o"] <= r["budget_o"]
     finally:
         client.close()
 
