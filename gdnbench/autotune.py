@@ -557,11 +557,11 @@ class _Bench:
         h, vn, _ = ops.state_recurrence(state_k, w, u, g_cs, initial_state=h0,
                                         output_final_state=True, varlen=info, config=cfg)
         # GDN's one pass: its own q k^T gram (and q's rstd under the fused routes) for state_out
-        a1, rq = (None, None) if self.kda else ops.chunk_aqk(q, k, g_cs, fuse_q=fuse_q, fuse_k=fuse_k,
+        a1, cq = (None, None) if self.kda else ops.chunk_aqk(q, k, g_cs, fuse_q=fuse_q, fuse_k=fuse_k,
                                                              varlen=info, config=cfg)
         self._stage[route] = dict(q=q, k=k, g_cs=g_cs, A=A, aqk=aqk, rk=rk, w=w, u=u, h0=h0, h=h, vn=vn,
                                   info=info, fuse_k=fuse_k, fuse_q=fuse_q, state_k=state_k,
-                                  out_k=out_k, out_rk=out_rk, out_ssq=out_ssq, a1=a1, rq=rq)
+                                  out_k=out_k, out_rk=out_rk, out_ssq=out_ssq, a1=a1, cq=cq)
         return self._stage[route]
 
     def stage_call(self, kernel: str, route: str, cfg):
@@ -586,7 +586,7 @@ class _Bench:
             return lambda: ops.chunk_aqk(st["q"], st["k"], st["g_cs"], fuse_q=st["fuse_q"], fuse_k=st["fuse_k"],
                                          varlen=info, config=cfg)
         if kernel == "state_out":
-            return lambda: ops.state_output(st["q"], st["k"], st["w"], st["u"], st["g_cs"], st["a1"], st["rq"],
+            return lambda: ops.state_output(st["q"], st["k"], st["w"], st["u"], st["g_cs"], st["a1"], st["cq"],
                                             scale=x.scale, initial_state=st["h0"], output_final_state=True,
                                             varlen=info, config=cfg)
         return lambda: ops.chunk_output(st["q"], st["out_k"], st["vn"], st["h"], st["g_cs"], scale=x.scale,

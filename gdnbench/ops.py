@@ -324,7 +324,7 @@ def chunk_output(q, k, v_new, h, g_cs, *, scale, rstd_k=None, ssq_k=None, fuse_q
 ONE_PASS_MIN_STREAMS = 20
 
 
-def one_pass(config: GDNConfig, K: int, HV: int, tokens: int, longest: int, norm: str = "none") -> bool:
+def one_pass(config: GDNConfig, K: int, HV: int, tokens: int, longest: int) -> bool:
     """Whether GDN's forward runs state and output in one pass (chunk_aqk + state_output) instead of
     state_recurrence + chunk_output, for ``tokens`` tokens in all whose ``longest`` sequence has that
     many.  ``config.one_pass`` decides where set.  Otherwise one pass where the work is wide against
@@ -332,7 +332,9 @@ def one_pass(config: GDNConfig, K: int, HV: int, tokens: int, longest: int, norm
     (q h and Aqk v_new join w h and k^T v_new), and the longest sequence pays that once per chunk, while
     the h and v_new traffic and the output kernel it saves grow with every sequence's tokens and heads.
 
-    The fused routes follow the same rule (their FUSE_Q forms in kernels/state_out.py)."""
+    Every route follows it: the fused routes' one-pass forms cost about what the plain ones do in
+    state_out, and more in aqk (H200: 38 -> 52 us at h16_hv32_fixed8k, 137 -> 201 at 32K;
+    kernels/state_out.py)."""
     if config.one_pass is not None:
         return config.one_pass
     if K > ONE_PASS_MAX_K:
@@ -342,26 +344,27 @@ def one_pass(config: GDNConfig, K: int, HV: int, tokens: int, longest: int, norm
 
 def chunk_aqk(q, k, g_cs, *, fuse_q=False, fuse_k=False, varlen=None, config: GDNConfig = DEFAULT_CONFIG):
     """One-pass stage 3a (GDN): (Aqk [B,T,HV,64] = causal(q k^T * exp(g_i - g_j)) per chunk, unscaled,
-    r_q [B,T,HV] fp32 (q's row rstd) under fuse_q, else None).  Aqk is in q's dtype, fp32 under fuse_k
+    c_q [B,T,HV,2] fp32 (each row's gate cumsum c and c + log2 of q's row rstd) under fuse_q, else None).
+    Aqk is in q's dtype, fp32 under fuse_k
     with fp16 storage (raw k may leave fp16's range)."""
     B, T, H, K = q.shape
     HV = g_cs.shape[2]
     n_grid, NT = _chunk_grid(B, T, varlen)
     dtype = torch.float32 if fuse_k and q.dtype == torch.float16 else q.dtype
     aqk = torch.empty(B, T, HV, CHUNK_SIZE, device=q.device, dtype=dtype)
-    r_q = torch.empty(B, T, HV, device=q.device, dtype=torch.float32) if fuse_q else None
+    c_q = torch.empty(B, T, HV, 2, device=q.device, dtype=torch.float32) if fuse_q else None
     cfg = config.aqk
-    _launch(aqk_kernel, (n_grid, B * HV), cfg, q, k, g_cs, aqk, r_q, *_varlen_args(varlen), T, NT,
+    _launch(aqk_kernel, (n_grid, B * HV), cfg, q, k, g_cs, aqk, c_q, *_varlen_args(varlen), T, NT,
             H=H, HV=HV, K=K, BK=block(cfg.BK, K), BT=CHUNK_SIZE, IS_VARLEN=varlen is not None, FUSE_Q=fuse_q,
             PREC=_precision(q.dtype))
-    return aqk, r_q
+    return aqk, c_q
 
 
-def state_output(q, k, w, u, g_cs, aqk, r_q=None, *, scale, initial_state=None, output_final_state=False,
+def state_output(q, k, w, u, g_cs, aqk, c_q=None, *, scale, initial_state=None, output_final_state=False,
                  varlen=None, config: GDNConfig = DEFAULT_CONFIG):
     """One-pass stage 3b (GDN): (o [B,T,HV,V] in u's dtype, final_state [N,HV,K,V] fp32 or None): the state
-    recurrence of :func:`state_recurrence` writing o as it goes, from :func:`chunk_aqk`'s Aqk (and r_q:
-    q is raw, and the rows of q h take r_q)."""
+    recurrence of :func:`state_recurrence` writing o as it goes, from :func:`chunk_aqk`'s Aqk (and c_q:
+    q is raw, and the rows of q h take q's rstd from it)."""
     B, T, H, K = k.shape
     HV, V = u.shape[2], u.shape[3]
     N = varlen.num_seqs if varlen is not None else B
@@ -370,9 +373,9 @@ def state_output(q, k, w, u, g_cs, aqk, r_q=None, *, scale, initial_state=None, 
     cfg = config.state_out
     BV = block(cfg.BV, V)
     _launch(state_out_kernel, (cdiv(V, BV), N * HV), cfg,
-            q, k, w, u, g_cs, aqk, r_q, o, initial_state, ht, None if varlen is None else varlen.cu_seqlens,
+            q, k, w, u, g_cs, aqk, c_q, o, initial_state, ht, None if varlen is None else varlen.cu_seqlens,
             float(scale), T, H=H, HV=HV, K=K, V=V, BV=BV, BT=CHUNK_SIZE, IS_VARLEN=varlen is not None,
-            USE_H0=initial_state is not None, STORE_HT=output_final_state, FUSE_Q=r_q is not None,
+            USE_H0=initial_state is not None, STORE_HT=output_final_state, FUSE_Q=c_q is not None,
             PREC=_precision(k.dtype), PIECE=state_piece(cfg, K))
     return o, ht
 
@@ -477,9 +480,9 @@ def _forward(q, k, v, g, beta, scale, initial_state, output_final_state, cu_seql
     g_cs, A, rstd_k, ssq_k = gram_solve(k, g, beta, varlen=varlen, fuse_k=fuse_k, config=config)
     w, u, _ = recompute_wu(k, v, beta, A, g_cs, rstd_k=rstd_k, varlen=varlen, config=config)
     B, T, HV = beta.shape
-    if one_pass(config, K, HV, B * T, T if varlen is None else varlen.max_len, norm):
-        aqk, r_q = chunk_aqk(q, k, g_cs, fuse_q=fuse_q, fuse_k=fuse_k, varlen=varlen, config=config)
-        return state_output(q, k, w, u, g_cs, aqk, r_q, scale=scale, initial_state=initial_state,
+    if one_pass(config, K, HV, B * T, T if varlen is None else varlen.max_len):
+        aqk, c_q = chunk_aqk(q, k, g_cs, fuse_q=fuse_q, fuse_k=fuse_k, varlen=varlen, config=config)
+        return state_output(q, k, w, u, g_cs, aqk, c_q, scale=scale, initial_state=initial_state,
                             output_final_state=output_final_state, varlen=varlen, config=config)
     h, v_new, final_state = state_recurrence(k, w, u, g_cs, initial_state=initial_state,
                                              output_final_state=output_final_state, varlen=varlen, config=config)

@@ -112,12 +112,10 @@ def test_rule_on_the_contract_shapes():
     assert ops.one_pass(cfg, 128, 8, 8192, 3063)  # h4_hv8_mixed: 21.4 streams
     assert ops.one_pass(cfg, 128, 48, 8192, 1024)
     assert not ops.one_pass(cfg, 128, 8, 8192, 4096)  # h2_hv8_serving: 16
-    assert ops.one_pass(cfg, 128, 32, 8192, 8192, "fused_q") and not ops.one_pass(cfg, 128, 8, 8192, 4096, "fused_qk")
-    assert ops.one_pass(cfg, 128, 32, 8192, 8192, "flag")
     assert ops.one_pass(cfg, 128, 8, 3 * 100, 100)  # a dense batch of 3: 24
     assert not ops.one_pass(cfg, 256, 64, 8192, 8192)  # above ONE_PASS_MAX_K
     assert not ops.one_pass(dataclasses.replace(cfg, one_pass=False), 128, 64, 8192, 8192)
-    assert ops.one_pass(dataclasses.replace(cfg, one_pass=True), 64, 1, 100, 100, "fused_qk")
+    assert ops.one_pass(dataclasses.replace(cfg, one_pass=True), 64, 1, 100, 100)
     assert prepare_varlen(torch.tensor([0, 5, 75, 78])).max_len == 70
 
 

@@ -112,6 +112,5 @@ def _pin_path(shape, route: str, cfg, label: str):
     from ..inputs import torch_dtype
 
     base = cfg or ops.default_config(shape.K, shape.V, torch_dtype(shape.dtype).itemsize)
-    norm = "none" if route == "explicit" else route
-    one = ops.one_pass(base, shape.K, shape.HV, shape.tokens, max(shape.lens), norm)
+    one = ops.one_pass(base, shape.K, shape.HV, shape.tokens, max(shape.lens))
     return dataclasses.replace(base, one_pass=one), f"{label}; {'one pass' if one else 'two kernels'}"

@@ -16,17 +16,18 @@ the work saved grows with the tokens of all sequences and heads (ops picks the p
 ``ops.one_pass``).  Outputs were bitwise equal to the two kernels'.
 
 FUSE_Q (fused_q, fused_qk): q is raw.  aqk_kernel accumulates q k^T and q q^T in one pass over the
-chunk's rows, takes q's rstd from the diagonal (overflow-safe, as the output kernel does) and writes it
-(r_q [B,T,HV] fp32) beside Aqk, whose rows it scales by it; state_out multiplies q h's rows by r_q
-after the dot, off the state's dependency chain.  An earlier form that normalized q's tiles before
-every dot cost 29 us more per state_out call at h16_hv32_fixed8k and 110-112 at 32K (H200, tuned;
-logs/20261130_session13/tune_state_out.log).  Under fused_qk k is raw and v_new's rows carry k's rstd
-(the w/u kernel puts it on w and u), so Aqk is built on raw k; where a raw product overflows fp32
-(|q| |k| beyond ~1e38) aqk_kernel redoes the chunk with q normalized on load (|q_norm . k| <= |k|),
-and with fp16 storage ops keeps Aqk in fp32 (raw k may leave fp16's range).  As in the output kernel,
-q h on raw q limits q rows to |q| below ~1e36.  This form passes the interpreter tests and compiles
-for sm_90, but has not been timed on a GPU: ``ops.one_pass`` keeps the fused routes on the two
-kernels unless a config forces one pass.
+chunk's rows, takes q's rstd r from the diagonal (overflow-safe, as the output kernel does), scales
+Aqk's rows by it and writes c_q [B,T,HV,2] fp32, each row's (c, c + log2 r); state_out loads that
+pair where the plain form loads c, and q h's rows take exp2(c + log2 r) = exp2(c) r.  Measured on the
+H200 (state_out alone, fused tuned configs, logs/20261130_session14/so_var*.log): r loaded as its own
+[64] vector beside c cost 187 -> 248 us at h16_hv32_fixed8k and 727 -> 968 at 32K (about a program per SM
+and four warps: nothing hides a load's latency in the serial loop, and prefetching it a chunk ahead
+still left 227 / 874); in the tile that brings c it costs 189 / 731.  An earlier form that normalized
+q's tiles before every dot cost 29 us more at h16_hv32_fixed8k and 110-112 at 32K (session 13).
+Under fused_qk k is raw and v_new's rows carry k's rstd (the w/u kernel puts it on w and u), so Aqk is
+built on raw k; where a raw product overflows fp32 (|q| |k| beyond ~1e38) aqk_kernel redoes the chunk
+with q normalized on load (|q_norm . k| <= |k|), and with fp16 storage ops keeps Aqk in fp32 (raw k may
+leave fp16's range).  As in the output kernel, q h on raw q limits q rows to |q| below ~1e36.
 """
 
 import triton
@@ -63,14 +64,15 @@ def _qk_dots(qb, kb, rows, m_t, r, K: tl.constexpr, stride, BT: tl.constexpr, BK
 
 
 @triton.jit(do_not_specialize=["T", "NT"])
-def aqk_kernel(q, k, g_cs, aqk, r_q, cu_seqlens, chunk_indices, T, NT,
+def aqk_kernel(q, k, g_cs, aqk, c_q, cu_seqlens, chunk_indices, T, NT,
                H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, BK: tl.constexpr, BT: tl.constexpr,
                IS_VARLEN: tl.constexpr, FUSE_Q: tl.constexpr, PREC: tl.constexpr):
     """Grid (chunks, B*HV): Aqk = causal(q k^T * exp2(c_i - c_j)) of one chunk and value head.
 
-    FUSE_Q: one pass over raw q accumulates q k^T and q q^T (whose diagonal gives q's rstd, as in the
+    FUSE_Q: one pass over raw q accumulates q k^T and q q^T (whose diagonal gives q's rstd r, as in the
     output kernel), then scales the rows.  Where a raw product overflowed fp32 (|q| |k| beyond ~1e38:
-    fused_qk's raw k), the chunk is redone with q's rows normalized on load."""
+    fused_qk's raw k), the chunk is redone with q's rows normalized on load.  It also writes c_q
+    [B,T,HV,2] fp32: each row's (c, c + log2 r) for state_out."""
     i_c, i_bh = tl.program_id(0), tl.program_id(1)
     i_b, i_hv = i_bh // HV, i_bh % HV
     i_h = i_hv // (HV // H)
@@ -80,15 +82,17 @@ def aqk_kernel(q, k, g_cs, aqk, r_q, cu_seqlens, chunk_indices, T, NT,
     qb = q + tok0 * (H * K) + i_h * K
     kb = k + tok0 * (H * K) + i_h * K
     b_s, b_qq = _qk_dots(qb, kb, rows, m_t, m_t.to(tl.float32), K, H * K, BT, BK, False, FUSE_Q, PREC)
+    c = tl.load(g_cs + tok0 * HV + i_hv + rows * HV, mask=m_t, other=0.0)
     if FUSE_Q:
         r = row_rstd(qb, rows, m_t, diag_ssq(b_qq, rows, PREC), K, H * K, BK)
-        tl.store(r_q + tok0 * HV + i_hv + rows * HV, r, mask=m_t)
+        p_cq = c_q + (tok0 * HV + i_hv) * 2 + rows * (HV * 2)
+        tl.store(p_cq, c, mask=m_t)
+        tl.store(p_cq + 1, c + tl.log2(r), mask=m_t)
         overflowed = tl.where(tl.abs(b_s) < float("inf"), 0, 1)  # inf or NaN (NaN compares false)
         if tl.max(tl.max(overflowed, 1), 0) == 0:
             b_s = b_s * r[:, None]
         else:
             b_s = _qk_dots(qb, kb, rows, m_t, r, K, H * K, BT, BK, True, False, PREC)[0]
-    c = tl.load(g_cs + tok0 * HV + i_hv + rows * HV, mask=m_t, other=0.0)
     keep = (rows[:, None] >= rows[None, :]) & m_t[:, None] & m_t[None, :]
     b_s = tl.where(keep, b_s * tl.math.exp2(c[:, None] - c[None, :]), 0.0)
     tl.store(aqk + tok0 * (HV * BT) + i_hv * BT + rows[:, None] * (HV * BT) + rows[None, :],
@@ -97,7 +101,7 @@ def aqk_kernel(q, k, g_cs, aqk, r_q, cu_seqlens, chunk_indices, T, NT,
 
 @triton.jit(do_not_specialize=["T"])
 def state_out_kernel(
-    q, k, w, u, g_cs, aqk, r_q, o, h0, ht, cu_seqlens, scale, T,
+    q, k, w, u, g_cs, aqk, c_q, o, h0, ht, cu_seqlens, scale, T,
     H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BV: tl.constexpr, BT: tl.constexpr,
     IS_VARLEN: tl.constexpr, USE_H0: tl.constexpr, STORE_HT: tl.constexpr, FUSE_Q: tl.constexpr,
     PREC: tl.constexpr, PIECE: tl.constexpr,
@@ -148,14 +152,16 @@ def state_out_kernel(
         # o = scale * (exp2(c) q h + Aqk v_new)
         last = tl.minimum(n_valid, BT) - 1
         c_last = tl.load(gb + last * HV)
-        c = tl.load(gb + rows * HV, mask=m_t, other=0.0)
+        if FUSE_Q:  # q h on raw q: its rows take q's rstd r, as exp2(c + log2 r), in the tile that brings c
+            c, c_o = tl.split(tl.load(c_q + (tok * HV + i_hv) * 2 + rows[:, None] * (HV * 2) + tl.arange(0, 2)[None, :],
+                                      mask=m_t[:, None], other=0.0))
+        else:
+            c = tl.load(gb + rows * HV, mask=m_t, other=0.0)
+            c_o = c
         b_A = tl.load(aqk + tok * (HV * BT) + i_hv * BT + rows[:, None] * (HV * BT) + rows[None, :],
                       mask=m_t[:, None], other=0.0)
         b_vo = b_vn.to(u.dtype.element_ty).to(b_A.dtype)  # v_new as the two-kernel path stores it
-        d_o = tl.math.exp2(c)
-        if FUSE_Q:  # q h on raw q: its rows take q's rstd here, off the state's dependency chain
-            d_o = d_o * tl.load(r_q + tok * HV + i_hv + rows * HV, mask=m_t, other=0.0)
-        b_o = tl.dot(b_A, b_vo, b_qh * d_o[:, None], input_precision=PREC) * scale
+        b_o = tl.dot(b_A, b_vo, b_qh * tl.math.exp2(c_o)[:, None], input_precision=PREC) * scale
         tl.store(o + tok * (HV * V) + i_hv * V + p_uv, b_o.to(o.dtype.element_ty), mask=m_tv)
 
         # decay to the chunk end, then add the chunk's keys/values
