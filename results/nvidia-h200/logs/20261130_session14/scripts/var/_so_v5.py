@@ -1,0 +1,174 @@
+"""GDN's state recurrence and output in one pass, with q k^T out of the serial loop.
+
+The two-kernel path stores the state h of every chunk and v_new (state kernel) and reads them back
+(output kernel).  Here aqk_kernel first writes each chunk's gated causal q k^T (Aqk [B,T,HV,64],
+unscaled), which does not depend on the state; then state_out_kernel walks a sequence's chunks as
+the state kernel does, and the program that owns h's [K, BV] slab also writes o's [64, BV] slab:
+
+    v_new = u - w h;   o = scale * (exp2(c) * (q h) + Aqk v_new);   h = exp2(c_last) h + k^T (...)
+
+so neither h per chunk nor v_new goes through memory.  Measured on the H200 (gdn-qwen6, Triton 3.6,
+logs/20261130_session13/state_out_aqk.log, a prototype of these kernels, CUDA graphs): aqk +
+state_out against state + output at their tuned configs 0.918 (h16_hv32_fixed8k), 0.834
+(h16_hv64_fixed8k), 0.978 (h4_hv8_mixed), 0.836 (h16_hv48_uniform), 0.850 (32K), and 1.103 on
+h2_hv8_serving: each chunk step is longer, which the longest sequence pays once per chunk, while
+the work saved grows with the tokens of all sequences and heads (ops picks the path; see
+``ops.one_pass``).  Outputs were bitwise equal to the two kernels'.
+
+FUSE_Q (fused_q, fused_qk): q is raw.  aqk_kernel accumulates q k^T and q q^T in one pass over the
+chunk's rows, takes q's rstd from the diagonal (overflow-safe, as the output kernel does) and writes it
+(r_q [B,T,HV] fp32) beside Aqk, whose rows it scales by it; state_out multiplies q h's rows by r_q
+after the dot, off the state's dependency chain.  An earlier form that normalized q's tiles before
+every dot cost 29 us more per state_out call at h16_hv32_fixed8k and 110-112 at 32K (H200, tuned;
+logs/20261130_session13/tune_state_out.log).  Under fused_qk k is raw and v_new's rows carry k's rstd
+(the w/u kernel puts it on w and u), so Aqk is built on raw k; where a raw product overflows fp32
+(|q| |k| beyond ~1e38) aqk_kernel redoes the chunk with q normalized on load (|q_norm . k| <= |k|),
+and with fp16 storage ops keeps Aqk in fp32 (raw k may leave fp16's range).  As in the output kernel,
+q h on raw q limits q rows to |q| below ~1e36.  This form passes the interpreter tests and compiles
+for sm_90, but has not been timed on a GPU: ``ops.one_pass`` keeps the fused routes on the two
+kernels unless a config forces one pass.
+"""
+
+import triton
+import triton.language as tl
+
+from .common import chunk_coords, diag_ssq, row_rstd
+from .output import _qq_dot
+from .state import _add_kv, _initial_pieces, _sequence_span, _store_pieces, _w_times_h
+
+
+@triton.jit
+def _scaled_rows(xb, rows, m_t, o_k, r, K: tl.constexpr, stride, SCALE: tl.constexpr):
+    """A [rows, o_k] tile of x; SCALE: each row times r (in fp32, then back to x's dtype)."""
+    b_x = tl.load(xb + rows[:, None] * stride + o_k[None, :], mask=m_t[:, None] & (o_k < K)[None, :], other=0.0)
+    if SCALE:
+        b_x = (b_x.to(tl.float32) * r[:, None]).to(b_x.dtype)
+    return b_x
+
+
+@triton.jit
+def _qk_dots(qb, kb, rows, m_t, r, K: tl.constexpr, stride, BT: tl.constexpr, BK: tl.constexpr,
+             SCALE: tl.constexpr, QQ: tl.constexpr, PREC: tl.constexpr):
+    """(q k^T, q q^T if QQ) over the K tiles of one chunk; SCALE: q's rows times r on load."""
+    b_s = tl.zeros([BT, BT], dtype=tl.float32)
+    b_qq = tl.zeros([BT, BT], dtype=tl.float32)
+    for i_k in range(tl.cdiv(K, BK)):
+        o_k = i_k * BK + tl.arange(0, BK)
+        b_q = _scaled_rows(qb, rows, m_t, o_k, r, K, stride, SCALE)
+        b_kt = tl.load(kb + rows[None, :] * stride + o_k[:, None], mask=(o_k < K)[:, None] & m_t[None, :], other=0.0)
+        b_s = tl.dot(b_q, b_kt, b_s, input_precision=PREC)
+        if QQ:
+            b_qq = _qq_dot(b_q, b_qq, PREC)
+    return b_s, b_qq
+
+
+@triton.jit(do_not_specialize=["T", "NT"])
+def aqk_kernel(q, k, g_cs, aqk, r_q, cu_seqlens, chunk_indices, T, NT,
+               H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, BK: tl.constexpr, BT: tl.constexpr,
+               IS_VARLEN: tl.constexpr, FUSE_Q: tl.constexpr, PREC: tl.constexpr):
+    """Grid (chunks, B*HV): Aqk = causal(q k^T * exp2(c_i - c_j)) of one chunk and value head.
+
+    FUSE_Q: one pass over raw q accumulates q k^T and q q^T (whose diagonal gives q's rstd, as in the
+    output kernel), then scales the rows.  Where a raw product overflowed fp32 (|q| |k| beyond ~1e38:
+    fused_qk's raw k), the chunk is redone with q's rows normalized on load."""
+    i_c, i_bh = tl.program_id(0), tl.program_id(1)
+    i_b, i_hv = i_bh // HV, i_bh % HV
+    i_h = i_hv // (HV // H)
+    tok0, n_valid, _ = chunk_coords(i_c, i_b, T, NT, cu_seqlens, chunk_indices, BT, IS_VARLEN)
+    rows = tl.arange(0, BT)
+    m_t = rows < n_valid
+    qb = q + tok0 * (H * K) + i_h * K
+    kb = k + tok0 * (H * K) + i_h * K
+    b_s, b_qq = _qk_dots(qb, kb, rows, m_t, m_t.to(tl.float32), K, H * K, BT, BK, False, FUSE_Q, PREC)
+    if FUSE_Q:
+        r = row_rstd(qb, rows, m_t, diag_ssq(b_qq, rows, PREC), K, H * K, BK)
+        tl.store(r_q + tok0 * HV + i_hv + rows * HV, r, mask=m_t)
+        overflowed = tl.where(tl.abs(b_s) < float("inf"), 0, 1)  # inf or NaN (NaN compares false)
+        if tl.max(tl.max(overflowed, 1), 0) == 0:
+            b_s = b_s * r[:, None]
+        else:
+            b_s = _qk_dots(qb, kb, rows, m_t, r, K, H * K, BT, BK, True, False, PREC)[0]
+    c = tl.load(g_cs + tok0 * HV + i_hv + rows * HV, mask=m_t, other=0.0)
+    keep = (rows[:, None] >= rows[None, :]) & m_t[:, None] & m_t[None, :]
+    b_s = tl.where(keep, b_s * tl.math.exp2(c[:, None] - c[None, :]), 0.0)
+    tl.store(aqk + tok0 * (HV * BT) + i_hv * BT + rows[:, None] * (HV * BT) + rows[None, :],
+             b_s.to(aqk.dtype.element_ty), mask=m_t[:, None])
+
+
+@triton.jit(do_not_specialize=["T"])
+def state_out_kernel(
+    q, k, w, u, g_cs, aqk, r_q, o, h0, ht, cu_seqlens, scale, T,
+    H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BV: tl.constexpr, BT: tl.constexpr,
+    IS_VARLEN: tl.constexpr, USE_H0: tl.constexpr, STORE_HT: tl.constexpr, FUSE_Q: tl.constexpr,
+    PREC: tl.constexpr, PIECE: tl.constexpr,
+):
+    """Grid (cdiv(V, BV), N*HV).  o like u; h0/ht [N, HV, K, V] fp32; PIECE rows per state piece,
+    K <= 4 PIECE (as the state kernel)."""
+    i_v, i_nh = tl.program_id(0), tl.program_id(1)
+    i_n, i_hv = i_nh // HV, i_nh % HV
+    i_h = i_hv // (HV // H)
+    bos, seq_len = _sequence_span(cu_seqlens, i_n, T, IS_VARLEN)
+    n_chunks = tl.cdiv(seq_len, BT)
+
+    o_v = i_v * BV + tl.arange(0, BV)
+    m_v = o_v < V
+    o_k1 = tl.arange(0, PIECE)
+    o_k2 = o_k1 + PIECE
+    o_k3 = o_k2 + PIECE
+    o_k4 = o_k3 + PIECE
+    b_h1, b_h2, b_h3, b_h4 = _initial_pieces(h0, i_nh, o_v, K, V, BV, PIECE, USE_H0)
+
+    rows = tl.arange(0, BT)
+    for i_t in range(n_chunks):
+        tok = bos + i_t * BT
+        qb = q + tok * (H * K) + i_h * K
+        kb = k + tok * (H * K) + i_h * K
+        wb = w + tok * (HV * K) + i_hv * K
+        gb = g_cs + tok * HV + i_hv
+        n_valid = seq_len - i_t * BT
+        m_t = rows < n_valid
+        # v_new = u - w h and q h, from the state entering this chunk
+        b_wh = tl.zeros([BT, BV], dtype=tl.float32)
+        b_qh = tl.zeros([BT, BV], dtype=tl.float32)
+        b_wh = _w_times_h(wb, rows, m_t, o_k1, b_h1, b_wh, K, HV * K, PREC)
+        b_qh = _w_times_h(qb, rows, m_t, o_k1, b_h1, b_qh, K, H * K, PREC)  # q h, as w h
+        if K > PIECE:
+            b_wh = _w_times_h(wb, rows, m_t, o_k2, b_h2, b_wh, K, HV * K, PREC)
+            b_qh = _w_times_h(qb, rows, m_t, o_k2, b_h2, b_qh, K, H * K, PREC)  # q h, as w h
+        if K > 2 * PIECE:
+            b_wh = _w_times_h(wb, rows, m_t, o_k3, b_h3, b_wh, K, HV * K, PREC)
+            b_qh = _w_times_h(qb, rows, m_t, o_k3, b_h3, b_qh, K, H * K, PREC)  # q h, as w h
+        if K > 3 * PIECE:
+            b_wh = _w_times_h(wb, rows, m_t, o_k4, b_h4, b_wh, K, HV * K, PREC)
+            b_qh = _w_times_h(qb, rows, m_t, o_k4, b_h4, b_qh, K, H * K, PREC)  # q h, as w h
+        m_tv = m_t[:, None] & m_v[None, :]
+        p_uv = rows[:, None] * (HV * V) + o_v[None, :]
+        b_vn = tl.load(u + tok * (HV * V) + i_hv * V + p_uv, mask=m_tv, other=0.0).to(tl.float32) - b_wh
+
+        # o = scale * (exp2(c) q h + Aqk v_new)
+        last = tl.minimum(n_valid, BT) - 1
+        c_last = tl.load(gb + last * HV)
+        c = tl.load(gb + rows * HV, mask=m_t, other=0.0)
+        b_A = tl.load(aqk + tok * (HV * BT) + i_hv * BT + rows[:, None] * (HV * BT) + rows[None, :],
+                      mask=m_t[:, None], other=0.0)
+        b_vo = b_vn.to(u.dtype.element_ty).to(b_A.dtype)  # v_new as the two-kernel path stores it
+        d_o = tl.math.exp2(c)
+        if FUSE_Q:
+            d_o = d_o * 0.5
+        b_o = tl.dot(b_A, b_vo, b_qh * d_o[:, None], input_precision=PREC) * scale
+        tl.store(o + tok * (HV * V) + i_hv * V + p_uv, b_o.to(o.dtype.element_ty), mask=m_tv)
+
+        # decay to the chunk end, then add the chunk's keys/values
+        row_f = tl.where(m_t, tl.math.exp2(c_last - c), 0.0)
+        b_vd = (b_vn * row_f[:, None]).to(k.dtype.element_ty)
+        d_last = tl.math.exp2(c_last)
+        b_h1 = _add_kv(kb, rows, m_t, o_k1, b_vd, b_h1 * d_last, K, H * K, PREC)
+        if K > PIECE:
+            b_h2 = _add_kv(kb, rows, m_t, o_k2, b_vd, b_h2 * d_last, K, H * K, PREC)
+        if K > 2 * PIECE:
+            b_h3 = _add_kv(kb, rows, m_t, o_k3, b_vd, b_h3 * d_last, K, H * K, PREC)
+        if K > 3 * PIECE:
+            b_h4 = _add_kv(kb, rows, m_t, o_k4, b_vd, b_h4 * d_last, K, H * K, PREC)
+
+    if STORE_HT:
+        _store_pieces(ht + i_nh.to(tl.int64) * K * V, b_h1, b_h2, b_h3, b_h4, o_v, K, V, PIECE)
