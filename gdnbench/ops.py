@@ -333,8 +333,8 @@ def one_pass(config: GDNConfig, K: int, HV: int, tokens: int, longest: int) -> b
     the h and v_new traffic and the output kernel it saves grow with every sequence's tokens and heads.
 
     Every route follows it: the fused routes' one-pass forms cost about what the plain ones do in
-    state_out, and more in aqk (H200: 38 -> 52 us at h16_hv32_fixed8k, 137 -> 201 at 32K;
-    kernels/state_out.py)."""
+    state_out, and more in aqk (H200, run 20261201T001017Z_6351747: 38 -> 55 us at h16_hv32_fixed8k,
+    134 -> 218 at 32K; kernels/state_out.py)."""
     if config.one_pass is not None:
         return config.one_pass
     if K > ONE_PASS_MAX_K:
@@ -345,8 +345,7 @@ def one_pass(config: GDNConfig, K: int, HV: int, tokens: int, longest: int) -> b
 def chunk_aqk(q, k, g_cs, *, fuse_q=False, fuse_k=False, varlen=None, config: GDNConfig = DEFAULT_CONFIG):
     """One-pass stage 3a (GDN): (Aqk [B,T,HV,64] = causal(q k^T * exp(g_i - g_j)) per chunk, unscaled,
     c_q [B,T,HV,2] fp32 (each row's gate cumsum c and c + log2 of q's row rstd) under fuse_q, else None).
-    Aqk is in q's dtype, fp32 under fuse_k
-    with fp16 storage (raw k may leave fp16's range)."""
+    Aqk is in q's dtype, fp32 under fuse_k with fp16 storage (raw k may leave fp16's range)."""
     B, T, H, K = q.shape
     HV = g_cs.shape[2]
     n_grid, NT = _chunk_grid(B, T, varlen)

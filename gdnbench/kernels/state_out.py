@@ -153,8 +153,8 @@ def state_out_kernel(
         last = tl.minimum(n_valid, BT) - 1
         c_last = tl.load(gb + last * HV)
         if FUSE_Q:  # q h on raw q: its rows take q's rstd r, as exp2(c + log2 r), in the tile that brings c
-            c, c_o = tl.split(tl.load(c_q + (tok * HV + i_hv) * 2 + rows[:, None] * (HV * 2) + tl.arange(0, 2)[None, :],
-                                      mask=m_t[:, None], other=0.0))
+            p_cq = c_q + (tok * HV + i_hv) * 2 + rows[:, None] * (HV * 2) + tl.arange(0, 2)[None, :]
+            c, c_o = tl.split(tl.load(p_cq, mask=m_t[:, None], other=0.0))
         else:
             c = tl.load(gb + rows * HV, mask=m_t, other=0.0)
             c_o = c
