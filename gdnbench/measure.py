@@ -108,6 +108,7 @@ def measure_shape(shape: Shape, backends: list[Backend], routes: list[str], mode
             try:
                 fn = ops.prepare(b, shape, r, full)
                 first_ms, out = timing.first_call_ms(fn)
+                info["variant"] = b.variant(shape, r)  # again: some backends learn what ran on the first call
                 if not ops.finite(out):
                     emit(base_row(shape, b.name, r, mode, "incorrect", ops.nan_reason, first_call_ms=first_ms, **info))
                     continue

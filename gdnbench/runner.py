@@ -28,9 +28,10 @@ PKG_PARENT = str(Path(__file__).resolve().parent.parent)
 DEFAULT_WORKER_TIMEOUT_S = 1800
 
 
-def worker_env(device: str) -> dict:
+def worker_env(device: str, extra: dict | None = None) -> dict:
     env = dict(os.environ)
     env.setdefault("FLA_DISABLE_BACKEND_DISPATCH", "1")
+    env.update(extra or {})
     if device == "cpu":
         env["TRITON_INTERPRET"] = "1"
     env["PYTHONPATH"] = os.pathsep.join(p for p in (PKG_PARENT, env.get("PYTHONPATH", "")) if p)
@@ -51,7 +52,8 @@ def _read_rows(path: Path, seen: int) -> list[dict]:
     return out
 
 
-def _run_child(task: dict, timeout_s: float, on_row: Callable[[dict], None], device: str) -> tuple[list[dict], int, str]:
+def _run_child(task: dict, timeout_s: float, on_row: Callable[[dict], None], device: str,
+               env: dict | None = None) -> tuple[list[dict], int, str]:
     with tempfile.TemporaryDirectory(prefix="gdnbench-") as tmp:
         out_path = Path(tmp) / "rows.jsonl"
         task_path = Path(tmp) / "task.json"
@@ -61,7 +63,7 @@ def _run_child(task: dict, timeout_s: float, on_row: Callable[[dict], None], dev
         rows: list[dict] = []
         with open(err_path, "w") as err:
             proc = subprocess.Popen([sys.executable, "-m", "gdnbench.runner", str(task_path)],
-                                    stdout=err, stderr=subprocess.STDOUT, env=worker_env(device))
+                                    stdout=err, stderr=subprocess.STDOUT, env=worker_env(device, env))
             start = time.monotonic()
             while True:
                 rc = proc.poll()
@@ -91,11 +93,27 @@ def _summary_line(tail: str, rc: int) -> str:
     return f"worker exited with code {rc}: {last[:300]}"
 
 
+def env_groups(backend_names: list[str]) -> list[tuple[dict, list[str]]]:
+    """Backends grouped by the worker environment they need, in first-seen order: a group shares a process."""
+    groups: dict[tuple, list[str]] = {}
+    for spec in backend_names:
+        groups.setdefault(tuple(sorted(registry.get(spec).worker_env.items())), []).append(spec)
+    return [(dict(key), specs) for key, specs in groups.items()]
+
+
 def run_shape_isolated(ss: ShapeSet, shape: Shape, backend_names: list[str], routes: list[str], mode: str,
                        device: str, check_tokens: int, params: TimingParams, on_row, timeout_s: float) -> list[dict]:
+    rows = []
+    for env, specs in env_groups(backend_names):
+        rows += _run_group(ss, shape, specs, routes, mode, device, check_tokens, params, on_row, timeout_s, env)
+    return rows
+
+
+def _run_group(ss: ShapeSet, shape: Shape, backend_names: list[str], routes: list[str], mode: str, device: str,
+               check_tokens: int, params: TimingParams, on_row, timeout_s: float, env: dict) -> list[dict]:
     task = {"shape_set": ss.path, "shape_id": shape.id, "backends": backend_names, "routes": routes, "mode": mode,
             "device": device, "check_tokens": check_tokens, "params": asdict(params)}
-    rows, rc, tail = _run_child(task, timeout_s, on_row, device)
+    rows, rc, tail = _run_child(task, timeout_s, on_row, device, env)
     if rc == 0:
         return rows
     have = {(r["backend"], r["route"]) for r in rows}
@@ -105,7 +123,8 @@ def run_shape_isolated(ss: ShapeSet, shape: Shape, backend_names: list[str], rou
         if not missing:
             continue
         if len(backend_names) > 1:  # run the backend alone so its neighbours' crash can't take it down
-            alone, rc2, tail2 = _run_child({**task, "backends": [spec], "routes": missing}, timeout_s, on_row, device)
+            alone, rc2, tail2 = _run_child({**task, "backends": [spec], "routes": missing}, timeout_s, on_row, device,
+                                           env)
             rows += alone
             got = {(r["backend"], r["route"]) for r in alone}
             reason = _summary_line(tail2, rc2)

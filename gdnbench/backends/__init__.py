@@ -18,6 +18,18 @@ def _fla():
     return FlaBackend()
 
 
+def _fla_dispatch():
+    from .fla_dispatch import FlaDispatchBackend
+
+    return FlaDispatchBackend()
+
+
+def _flashqla():
+    from .flashqla import FlashQLABackend
+
+    return FlashQLABackend()
+
+
 def _gdnbench():
     from .gdnbench import GdnbenchBackend
 
@@ -52,12 +64,14 @@ REGISTRY = {
     "gdnbench": _gdnbench,
     "gdnbench-default": _gdnbench_default,
     "fla": _fla,
+    "fla-dispatch": _fla_dispatch,
+    "flashqla": _flashqla,
     "helion": _helion,
     "helion-linear": _helion_linear,
     "flashinfer": _flashinfer,
     "reference": _reference,
 }
-DEFAULT_BACKENDS = {"cuda": ("gdnbench", "fla", "helion", "helion-linear", "flashinfer"), "cpu": ("reference", "gdnbench")}
+DEFAULT_BACKENDS = {"cuda": ("gdnbench", "fla", "fla-dispatch", "flashqla", "helion", "helion-linear", "flashinfer"), "cpu": ("reference", "gdnbench")}
 
 
 class UnknownBackend(ValueError):

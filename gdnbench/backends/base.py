@@ -59,6 +59,7 @@ class Backend:
     families: tuple[str, ...] = ("gdn", "kda")
     devices: tuple[str, ...] = ("cuda",)
     graph_safe: bool = True
+    worker_env: dict[str, str] = {}  # environment its worker process needs (backends that differ run apart)
     train_routes: tuple[str, ...] = ()  # routes with a backward (mode fwd_bwd)
     no_backward: str = "has no backward"  # why fwd_bwd is unsupported when train_routes is empty
     decode_routes: tuple[str, ...] = ()  # routes with a decode step (mode decode)

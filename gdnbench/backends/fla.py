@@ -129,8 +129,7 @@ class FlaBackend(Backend):
         return lambda q, k: op(q, k, v, g, beta, **kw)
 
     def prepare(self, shape, route, inputs):
-        from fla.modules.norm.l2norm import l2norm
-
+        l2norm = self.caller_l2norm
         op, kw = self._op(shape, inputs, route == "flag")
         q, k, v, g, beta = inputs.q, inputs.k, inputs.v, inputs.g, inputs.beta
 
