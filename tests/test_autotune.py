@@ -13,9 +13,9 @@ import pytest
 import typer
 from typer.testing import CliRunner
 
-from gdnbench import autotune as at
-from gdnbench import shapes as shp
-from gdnbench import tuned
+from gdnbench.autotune import tune as at
+from gdnbench.data import shapes as shp
+from gdnbench.kernels import tuned
 
 
 def _shape(**kw):
@@ -159,7 +159,7 @@ def test_descent_starts_from_the_fastest_seed_and_keeps_the_default_as_default()
 
 
 def test_seed_points_come_from_current_entries_of_the_same_kernel_and_family(tmp_path):
-    from gdnbench import shapes as shp
+    from gdnbench.data import shapes as shp
 
     env = {"gpu": "Fake GPU", "compute_capability": "9.0", "triton": "3.6.0"}
     ss = shp.load("gdn-qwen6")
@@ -254,14 +254,14 @@ def test_sharded_evaluator_merges_in_batch_order():
 
 
 def test_relaunch_command_uses_torchrun():
-    from gdnbench.cli_autotune import relaunch_command
+    from gdnbench.cli.autotune import relaunch_command
 
-    from gdnbench.cli_autotune import _argv
+    from gdnbench.cli.autotune import _argv
 
     assert _argv({"seeds": True, "retune": False, "budget": 5.0}) == ["--budget", "5.0"]
     assert _argv({"seeds": False, "retune": True}) == ["--no-seeds", "--retune"]
     cmd = relaunch_command(["--budget", "5"], 4)
-    assert cmd[1:5] == ["-m", "gdnbench.cli_autotune", "torchrun", "--standalone"] and "--nproc-per-node=4" in cmd
+    assert cmd[1:5] == ["-m", "gdnbench.cli.autotune", "torchrun", "--standalone"] and "--nproc-per-node=4" in cmd
     assert cmd[-3:] == ["autotune", "--budget", "5"]
 
 
@@ -430,7 +430,7 @@ def test_make_entry_records_failures(tmp_path):
 
 # ----------------------------------------------------------------------------- CLI
 def _app():
-    from gdnbench.cli_autotune import register
+    from gdnbench.cli.autotune import register
 
     app = typer.Typer(add_completion=False)
 
@@ -532,7 +532,7 @@ def test_crashing_worker_costs_one_candidate_and_restarts():
 
 def test_report_cli_prints_the_cache_and_charts(tmp_path):
     """--report reads the committed H200 cache (tuned on the GPU) and draws one chart per entry."""
-    from gdnbench.cli import app
+    from gdnbench.cli.app import app
 
     res = CliRunner().invoke(app, ["autotune", "--report", "--plot", str(tmp_path)], env={"COLUMNS": "250"})
     assert res.exit_code == 0, res.output
@@ -800,7 +800,7 @@ def test_concurrent_saves_to_one_kernel_file_keep_every_entry(tmp_path):
 def _save_many(cache_dir, writer):
     from pathlib import Path
 
-    from gdnbench import tuned
+    from gdnbench.kernels import tuned
 
     for i in range(15):
         key = {"gpu": "Fake GPU", "compute_capability": "9.0", "triton": "3.6.0", "source_hash": "sha256:x",

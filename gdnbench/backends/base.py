@@ -4,12 +4,12 @@
 outside the timed region and returns a zero-argument closure; calling it runs the
 backend once and returns (o [B,T,HV,V], final_state [N,HV,K,V] fp32 or None).
 
-Training mode (`fwd_bwd`, gdnbench/train.py) wraps the same forward closures in a
+Training mode (`fwd_bwd`, gdnbench/bench/modes/train.py) wraps the same forward closures in a
 forward + loss + backward step; its caller compositions (`megatron*`) wrap `kernel`.
 Forward-mode routes and training routes are separate lists so that a forward run
 asks for exactly what it always asked for.
 
-Decode mode (`decode`, gdnbench/decode.py) runs decode shapes only: `prepare_decode` returns a
+Decode mode (`decode`, gdnbench/bench/modes/decode.py) runs decode shapes only: `prepare_decode` returns a
 closure that advances N sequences by one token, reading and updating their states in place in
 the pool `inputs.state_pool` at `inputs.state_indices` (the adapter may convert the pool in
 prepare_decode, outside the timed region), and returns (o [1,N,HV,V], the pool as

@@ -51,7 +51,7 @@ class L2NormConfig:
 
 @dataclass(frozen=True)
 class GDNConfig:
-    """One config per stage kernel of :func:`gdnbench.ops.chunk_gdn` and :func:`gdnbench.ops.chunk_kda`.
+    """One config per stage kernel of :func:`gdnbench.kernels.ops.chunk_gdn` and :func:`gdnbench.kernels.ops.chunk_kda`.
 
     Defaults are the fastest of ``scripts/gpu_gdn_check.py --sweep`` on the H200
     (B1 T8192 H16 HV32, K = V = 128, bf16, Triton 3.6), per stage: gram 344 -> 126 us

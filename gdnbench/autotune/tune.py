@@ -1,4 +1,4 @@
-"""Autotune the stage kernels of gdnbench.ops.chunk_gdn and chunk_kda: per shape, correctness-gated, cached.
+"""Autotune the stage kernels of gdnbench.kernels.ops.chunk_gdn and chunk_kda: per shape, correctness-gated, cached.
 
 Space. Per kernel: its block sizes (BR for l2norm; BK and/or BV for the others, powers of two
 from 16 up to the head size rounded up to a power of two: larger blocks are clamped by the
@@ -18,9 +18,9 @@ shape) is spent - checked between sweeps, so one sweep may overrun it.
 Candidate. Run in a worker subprocess (one per shape and rank, restarted when it dies, so an
 illegal memory access or a hang costs one candidate, recorded as ``crashed`` / ``timeout``):
 compiled and gated on the whole forward of the shape's family (``chunk_gdn`` or ``chunk_kda``) on
-the kernel's route under the candidate config, against the fp64 recurrence with gdnbench.check's
+the kernel's route under the candidate config, against the fp64 recurrence with gdnbench.oracle.check's
 data-derived budget (the rel-RMS error against the default config's output is recorded too); then
-the stage kernel alone is timed by gdnbench.timing: CUDA-graph replay of one stage call on the full
+the stage kernel alone is timed by gdnbench.bench.timing: CUDA-graph replay of one stage call on the full
 input (stage inputs precomputed with the default config), median over rounds. Every candidate yields a result with a status
 (ok, incorrect, compile_error, error, crashed, timeout) and a reason; none is dropped.
 
@@ -31,7 +31,7 @@ parallel, filling Triton's on-disk cache; the timing worker then loads the binar
 pool runs, and a pool failure only costs the warm-up: the timing worker's own call records what went wrong.
 
 Families. A shape's family picks its kernels (KDA runs kda_intra where GDN runs gram and shares
-the others with per-channel gates), their specializations (:func:`gdnbench.tuned.variant_of`), its
+the others with per-channel gates), their specializations (:func:`gdnbench.kernels.tuned.variant_of`), its
 default config and validity rules, and its cache key; so each task is planned for one family.
 
 Scale-out. Under torchrun the searches are shared out by default (``shard='searches'``): each rank
@@ -73,8 +73,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
-from . import tuned
-from .backends.base import one_line
+from ..kernels import tuned
+from ..backends.base import one_line
 
 KERNELS = tuned.KERNELS
 ROUTES = tuned.ROUTES
@@ -162,7 +162,7 @@ def full_config(kernel: str, point: Point, base):
 
 def _start_point(kernel: str, base, dims, K: int, V: int) -> Point:
     """The base config of the kernel as a point, blocks clamped as the kernel clamps them."""
-    from .kernels.config import block, state_piece
+    from ..kernels.config import block, state_piece
 
     c = getattr(base, kernel)
     out = {}
@@ -179,7 +179,7 @@ def _start_point(kernel: str, base, dims, K: int, V: int) -> Point:
 def build_space(kernel: str, K: int, V: int, dtype: str, family: str = "gdn") -> Space:
     """The space of ``kernel`` for head sizes K, V, a storage dtype and a family, pruned by validate()
     (KDA's kernels stream fp32 gate tiles too: their shared-memory estimates differ)."""
-    from .kernels.config import default_config, validate
+    from ..kernels.config import default_config, validate
 
     elt = dtype_bytes(dtype)
     base = default_config(K, V, elt, family)
@@ -489,12 +489,12 @@ class _Bench:
     def __init__(self, spec: dict):
         import torch
 
-        from . import ops
-        from .check import build_oracle
-        from .inputs import make_inputs
-        from .kernels.config import default_config
-        from .shapes import load_file
-        from .timing import TimingParams
+        from ..kernels import ops
+        from ..oracle.check import build_oracle
+        from ..data.inputs import make_inputs
+        from ..kernels.config import default_config
+        from ..data.shapes import load_file
+        from ..bench.timing import TimingParams
 
         self.torch, self.ops = torch, ops
         self.device = spec["device"]
@@ -595,7 +595,7 @@ class _Bench:
 
     def time_us(self, fn) -> tuple[float, str]:
         """Median µs per call: CUDA-graph replays on the GPU (events where capture fails)."""
-        from . import timing
+        from ..bench import timing
 
         p = self.params
         for _ in range(p.warmup):
@@ -625,7 +625,7 @@ class _Bench:
 
     def evaluate(self, kernel: str, route: str, point: Point) -> dict:
         """Compile -> gate -> time one candidate; every outcome is a result dict."""
-        from .check import judge, rel_rms
+        from ..oracle.check import judge, rel_rms
 
         torch = self.torch
         res: dict = {"status": "error", "reason": "", "time_us": None}
@@ -747,7 +747,7 @@ class WorkerClient:
         self._err = tempfile.TemporaryFile()
 
     def _environ(self) -> dict:
-        from .runner import worker_env
+        from ..bench.runner import worker_env
 
         env = worker_env(self.device)
         if self.gpu is not None:
@@ -758,7 +758,7 @@ class WorkerClient:
         self._buf = b""
         self._err.seek(0)
         self._err.truncate()
-        self.proc = subprocess.Popen([sys.executable, "-m", "gdnbench.autotune", "--worker", json.dumps(self.spec)],
+        self.proc = subprocess.Popen([sys.executable, "-m", "gdnbench.autotune.tune", "--worker", json.dumps(self.spec)],
                                      stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self._err,
                                      env=self._environ(), bufsize=0)
         hello = self._read(self.start_timeout_s)
@@ -927,7 +927,7 @@ class TuneOptions:
 
 def make_entry(env: dict, task: Task, shape, set_name: str, space: Space, res: SearchResult, opts: TuneOptions) -> dict:
     """The cache entry of one search: its key, the default and the winner, and every candidate."""
-    from .results import git_info, utc_stamp
+    from ..data.results import git_info, utc_stamp
 
     default_t = res.default.get("time_us") if is_ok(res.default) else None
     best = res.best
@@ -943,7 +943,7 @@ def make_entry(env: dict, task: Task, shape, set_name: str, space: Space, res: S
                    "space_total": space.total, "evaluated": len(res.results), "failed": failed,
                    "pruned_met": res.pruned, "compile_workers": opts.compile_workers},
         "gate": f"whole chunk_{shape.family} forward of the route under the candidate config vs the fp64 recurrence "
-                "(gdnbench.check, data-derived budget); err_vs_default: rel-RMS against the default config",
+                "(gdnbench.oracle.check, data-derived budget); err_vs_default: rel-RMS against the default config",
         "timing": {"what": "the stage kernel alone, stage inputs precomputed with the default config",
                    "method": "median of CUDA-graph replays of one stage call", "warmup": opts.warmup,
                    "rounds": opts.rounds, "iters": opts.iters, "device": opts.device},
@@ -1216,8 +1216,8 @@ def report_rows(cache_dir: Path = tuned.TUNED_DIR) -> list[dict]:
 
 
 def report_table(cache_dir: Path = tuned.TUNED_DIR):
-    """The report rows as a gdnbench.report.Table (µs; ratio = tuned / default, < 1 is faster)."""
-    from .report import Table
+    """The report rows as a gdnbench.analysis.report.Table (µs; ratio = tuned / default, < 1 is faster)."""
+    from ..analysis.report import Table
 
     def us(t):
         return "-" if t is None else f"{t:.1f}"
@@ -1266,7 +1266,7 @@ def chart(entry: dict, out: str | Path) -> Path:
                  fontsize=9)
     ax.legend(fontsize=8)
     ax.grid(alpha=0.3)
-    from .plot import save_figure
+    from ..analysis.plot import save_figure
 
     return save_figure(fig, out)
 
@@ -1274,4 +1274,4 @@ def chart(entry: dict, out: str | Path) -> Path:
 if __name__ == "__main__":
     if len(sys.argv) == 3 and sys.argv[1] == "--worker":
         sys.exit(worker_main(sys.argv[2]))
-    sys.exit("usage: python -m gdnbench.autotune --worker SPEC_JSON (started by gdnbench autotune)")
+    sys.exit("usage: python -m gdnbench.autotune.tune --worker SPEC_JSON (started by gdnbench autotune)")

@@ -16,7 +16,7 @@ repeat_interleave, then the kernel with H = HV.
 The gate compares the output, the final state and dq, dk, dv, dg, dbeta with the fp64
 recurrence's autograd gradients; each budget is built as check.py builds the forward
 ones: 2 x the error of the same computation (forward and backward) at storage precision.
-It then adds the weight gradients of a small layer around the route (gdnbench/layer.py),
+It then adds the weight gradients of a small layer around the route (gdnbench/bench/modes/layer.py),
 budgeted the same way.
 """
 
@@ -26,8 +26,8 @@ import math
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Callable
 
-from .check import Oracle, Verdict, budget, judge, make_oracle, rel_rms, storage_precision
-from .shapes import Shape
+from ...oracle.check import Oracle, Verdict, budget, judge, make_oracle, rel_rms, storage_precision
+from ...data.shapes import Shape
 
 if TYPE_CHECKING:
     import torch
@@ -152,7 +152,7 @@ def reference_step(inputs, do, dstate, dtype, tf32: bool = False):
     lower precision: the leaves keep the storage dtype, as a kernel's gradients do."""
     import torch
 
-    from .reference import recurrence
+    from ...oracle.reference import recurrence
 
     cast = (lambda t: t.detach().to(torch.float64)) if dtype == torch.float64 else (lambda t: t.detach().clone())
     leaves = [cast(getattr(inputs, n)).requires_grad_() for n in GRADS]

@@ -1,6 +1,6 @@
 """The `gdnbench autotune` command (registered on the main app by ``register(app)``).
 
-Parses, checks and renders only; the work is in gdnbench.autotune. No torch import at module
+Parses, checks and renders only; the work is in gdnbench.autotune.tune. No torch import at module
 load. Bad input: one line and exit code 2; interrupted (SIGINT): one line and exit code 130. With
 --nproc-per-node N > 1 the command becomes torchrun (exec), running itself once per GPU; torchrun
 passes a SIGINT on to the ranks, and rank 0 says what was saved.
@@ -53,7 +53,7 @@ def _pick(values: Optional[list[str]], known: tuple, what: str) -> list[str]:
 
 def select_shapes(set_names: list[str], shape_ids: list[str], family: str) -> list[tuple[str, object]]:
     """(set path, shape) pairs to tune: the sets' shapes of ``family`` (gdn, kda or all)."""
-    from . import shapes as shp
+    from ..data import shapes as shp
 
     pairs = []
     for name in set_names:
@@ -67,8 +67,8 @@ def select_shapes(set_names: list[str], shape_ids: list[str], family: str) -> li
 def relaunch_command(argv: list[str], nproc: int) -> list[str]:
     """The torchrun command (through :func:`torchrun_main`) that runs this autotune with ``nproc``
     ranks on this node."""
-    return [sys.executable, "-m", "gdnbench.cli_autotune", "torchrun", "--standalone", f"--nproc-per-node={nproc}",
-            "-m", "gdnbench.cli_autotune", "autotune", *argv]
+    return [sys.executable, "-m", "gdnbench.cli.autotune", "torchrun", "--standalone", f"--nproc-per-node={nproc}",
+            "-m", "gdnbench.cli.autotune", "autotune", *argv]
 
 
 def torchrun_main(args: list[str]) -> int:
@@ -137,7 +137,7 @@ def _resolve_device(device: str, dry_run: bool) -> str:
 def _print_dry_run(rows: list[dict], cache_dir: Optional[Path]) -> None:
     """One block per search: what it tunes, its counts and strategy, where it is cached, then each
     dimension's values."""
-    from .autotune import fmt_values
+    from ..autotune.tune import fmt_values
 
     for r in rows:
         strat = "exhaustive" if r["strategy"] == "exhaustive" else f"coordinate descent (≤{r['per_pass']} per pass)"
@@ -156,7 +156,7 @@ def _print_dry_run(rows: list[dict], cache_dir: Optional[Path]) -> None:
 def _run_with_progress(shapes, tasks, opts, dist, tally):
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
-    from . import autotune as at
+    from ..autotune import tune as at
 
     show = dist.rank == 0
     with Progress(TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
@@ -277,7 +277,7 @@ def register(app: typer.Typer) -> None:
             _fail(str(e))
         if not pairs:
             _fail(f"no {'' if fam == 'all' else fam + ' '}shapes selected in {', '.join(set_names)}")
-        from . import autotune as at
+        from ..autotune import tune as at
 
         tasks = []
         for f in dict.fromkeys(s.family for _, s in pairs):
@@ -328,8 +328,8 @@ def register(app: typer.Typer) -> None:
 
 def _report(cache_dir: Optional[Path], plot_dir: Optional[Path]) -> None:
     """The tuning cache as a table (and charts): what `gdnbench autotune --report` prints."""
-    from . import autotune as at
-    from .cli import _print_tables
+    from ..autotune import tune as at
+    from .app import _print_tables
 
     root = cache_dir or at.tuned.TUNED_DIR
     table = at.report_table(root)
@@ -347,19 +347,19 @@ def _report(cache_dir: Optional[Path], plot_dir: Optional[Path]) -> None:
 
 
 def _known_kernels() -> tuple:
-    from .tuned import KERNELS
+    from ..kernels.tuned import KERNELS
 
     return KERNELS
 
 
 def _known_routes() -> tuple:
-    from .tuned import ROUTES
+    from ..kernels.tuned import ROUTES
 
     return ROUTES
 
 
 def _domain_errors():
-    from .shapes import ShapeError
+    from ..data.shapes import ShapeError
 
     return (_Bad, ShapeError)
 
