@@ -13,7 +13,7 @@ import math
 from dataclasses import dataclass, field
 
 TIME_KINDS = ("wall", "gpu")
-MODES = ("fwd", "fwd_bwd", "decode")
+from ..vocab import ALL_ROUTES, MODES, ROUTES  # noqa: F401  (MODES: the report command checks --mode)
 MODE_TITLES = {"fwd_bwd": " (one forward + backward step)", "decode": " (one decode step)"}
 MB = 1e6
 
@@ -74,7 +74,7 @@ def shape_ids(doc: dict) -> list[str]:
 
 
 BACKEND_ORDER = ("fla", "gdnbench", "gdnbench-default", "helion", "helion-linear", "flashinfer", "reference")
-ROUTE_ORDER = ("explicit", "flag", "fused_q", "fused_qk", "megatron", "megatron_flag")
+ROUTE_ORDER = ALL_ROUTES
 
 
 def keys_present(doc: dict) -> list[tuple[str, str]]:
@@ -139,7 +139,7 @@ def standard_pairs(doc: dict) -> list[str]:
             pairs.append(f"{b}:megatron_flag/{b}:megatron")
     ours = "gdnbench"
     if ours in backends and "gdnbench-default" in backends:  # the autotune's gain: tuned / default configs
-        pairs += [f"{ours}:{r}/gdnbench-default:{r}" for r in ("explicit", "flag", "fused_q", "fused_qk")
+        pairs += [f"{ours}:{r}/gdnbench-default:{r}" for r in ROUTES
                   if (ours, r) in have and ("gdnbench-default", r) in have]
         pairs.append(f"{ours}:best/gdnbench-default:best")
     for other in ("fla", "helion", "helion-linear", "flashinfer"):

@@ -113,9 +113,9 @@ import re
 from dataclasses import dataclass, field
 
 from ..data.shapes import Shape, ShapeError
+from ..vocab import DTYPE_BYTES
 
 CHUNK = 64
-DTYPE_BYTES = {"bfloat16": 2, "float16": 2, "float32": 4}
 FP32 = 4
 # standalone l2norm passes per route (each: read the tensor, write the normalized copy)
 ROUTE_L2_PASSES = {"explicit": ("q", "k"), "flag": ("q", "k"), "fused_q": ("k",), "fused_qk": (), "none": ()}

@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from typing import Callable
 
 from ..kernels import tuned
+from ..vocab import dtype_bytes
 
 
 KERNELS = tuned.KERNELS
@@ -31,10 +32,6 @@ BR_VALUES = (1, 2, 4, 8, 16, 32, 64)
 BLOCKS = (16, 32, 64, 128, 256)
 
 Point = dict  # dimension name -> value, in the space's dimension order
-
-
-def dtype_bytes(dtype: str) -> int:
-    return 4 if dtype == "float32" else 2
 
 
 def _blocks_for(dim: int) -> tuple[int, ...]:

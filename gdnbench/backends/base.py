@@ -21,13 +21,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Callable
 
-ROUTES = ("explicit", "flag", "fused_q", "fused_qk")  # forward mode
-TRAIN_ROUTES = ("explicit", "flag", "megatron", "megatron_flag")  # fwd_bwd mode
-DECODE_ROUTES = ("explicit", "flag")  # decode mode (fused routes: only where a backend has them)
-MODES = ("fwd", "fwd_bwd", "decode")
-ROUTES_BY_MODE = {"fwd": ROUTES, "fwd_bwd": TRAIN_ROUTES, "decode": DECODE_ROUTES}
-ALL_ROUTES = tuple(dict.fromkeys(ROUTES + TRAIN_ROUTES))
-NO_BACKWARD_ROUTES = ("fused_q", "fused_qk")
+from ..vocab import (ALL_ROUTES, DECODE_ROUTES, FAMILIES, MODES, NO_BACKWARD_ROUTES, ROUTES,  # noqa: F401
+                     ROUTES_BY_MODE, TRAIN_ROUTES)
 
 
 @dataclass(frozen=True)
@@ -56,7 +51,7 @@ def one_line(e: BaseException, prefix: str = "") -> str:
 class Backend:
     name: str = "base"
     routes: tuple[str, ...] = ()
-    families: tuple[str, ...] = ("gdn", "kda")
+    families: tuple[str, ...] = FAMILIES
     devices: tuple[str, ...] = ("cuda",)
     graph_safe: bool = True
     train_routes: tuple[str, ...] = ()  # routes with a backward (mode fwd_bwd)

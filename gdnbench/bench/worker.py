@@ -18,8 +18,6 @@ import sys
 import tempfile
 import time
 
-from ..autotune.space import Point
-
 
 class WorkerDied(RuntimeError):
     pass
@@ -105,7 +103,7 @@ class WorkerClient:
             self.proc.wait()
         self.proc = None
 
-    def evaluate(self, kernel: str, route: str, point: Point, warm: bool = False) -> dict:
+    def evaluate(self, kernel: str, route: str, point: dict, warm: bool = False) -> dict:
         """One candidate's result; a dead or hung worker is recorded as the candidate's result.
         ``warm``: only compile it (a compile-pool worker)."""
         if self.proc is None:
@@ -154,7 +152,7 @@ class CompilePool:
     def __init__(self, spec: dict, n: int, make_client):
         self.clients = [make_client({**spec, "warm_only": True}) for _ in range(max(0, n))]
 
-    def warm(self, kernel: str, route: str, points: list[Point]) -> list[dict]:
+    def warm(self, kernel: str, route: str, points: list[dict]) -> list[dict]:
         if not self.clients or not points:
             return []
         import queue

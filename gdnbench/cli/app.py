@@ -19,6 +19,7 @@ from ..analysis import report as rep
 from ..data import shapes as shp
 from ..backends.base import one_line
 from ..data.results import ResultsError
+from .tables import print_tables
 
 app = typer.Typer(add_completion=False, no_args_is_help=True,
                   help="Correctness-gated benchmarks of GDN / KDA linear-attention backends and q/k-norm routes.")
@@ -65,11 +66,6 @@ def _split(values: Optional[list[str]]) -> list[str]:
     for v in values or []:
         out += [x.strip() for x in v.split(",") if x.strip()]
     return out
-
-
-def _print_tables(tables):
-    for t in tables:
-        console.print(rep.to_rich(t))
 
 
 @app.command()
@@ -208,7 +204,7 @@ def _run(shapes, backends, routes, shape_ids, mode, device, out, l2, warmup, rou
             path = resume
             if not wanted:
                 console.print(f"nothing to resume: every shape of {resume} has its rows")
-                _print_tables(rep.report_tables(prior))
+                print_tables(console, rep.report_tables(prior))
                 continue
             console.print(f"resuming {resume}: {len(wanted)} shape(s) to measure: {', '.join(wanted)}")
         started = time.monotonic()
@@ -226,7 +222,7 @@ def _run(shapes, backends, routes, shape_ids, mode, device, out, l2, warmup, rou
             doc = results.make_document(env, ss, params.describe(), run_info, rows, stamp)
         written = results.write_atomic(doc, Path(path))
         console.print(f"[green]wrote[/green] {written}")
-        _print_tables(rep.report_tables(doc))
+        print_tables(console, rep.report_tables(doc))
         console.print(f"{len(wanted)} shape(s) in {wall:.0f} s: oracles {spent['oracle']:.0f} s, checks (first calls "
                       f"included) {spent['check']:.0f} s, timing {spent['timing']:.0f} s, the rest (worker start, "
                       f"imports, inputs) {max(wall - sum(spent.values()), 0):.0f} s", highlight=False)
@@ -285,7 +281,7 @@ def report(
         pairs = rep.standard_pairs(rep.rows_of_mode(doc, mode)) + _split(pair) if pair else None
         tables = rep.report_tables(doc, baseline, pairs, mode)
         tables += _roofline_tables(doc, mode) if mode in ("fwd", "decode") else []
-    _print_tables(tables)
+    print_tables(console, tables)
     if markdown:
         markdown.write_text(rep.to_markdown(tables))
         console.print(f"[green]wrote[/green] {markdown}")
@@ -346,7 +342,7 @@ def compare(
 
     with _bad_input_exits():
         tables = rep.compare(results.load(a), results.load(b), backends=_split(backends) or None)
-    _print_tables(tables)
+    print_tables(console, tables)
     if markdown:
         markdown.write_text(rep.to_markdown(tables))
 

@@ -18,6 +18,8 @@ from typing import Optional
 import typer
 from rich.console import Console
 
+from ..vocab import FAMILIES
+
 EXIT_BAD_INPUT = 2
 EXIT_NO_DEVICE = 3
 EXIT_INTERRUPTED = 130
@@ -258,7 +260,7 @@ def register(app: typer.Typer) -> None:
             _report(cache_dir, plot)
             return
         try:
-            fam = _pick([family], ("gdn", "kda", "all"), "--family")[0]
+            fam = _pick([family], FAMILIES + ("all",), "--family")[0]
             kernel_l = _pick(kernels, _known_kernels(), "--kernels")
             route_l = _pick(routes, _known_routes(), "--routes")
             if shard not in ("searches", "candidates"):
@@ -332,13 +334,13 @@ def _report(cache_dir: Optional[Path], plot_dir: Optional[Path]) -> None:
     """The tuning cache as a table (and charts): what `gdnbench autotune --report` prints."""
     from ..autotune import report as at_report
     from ..kernels import tuned
-    from .app import _print_tables
+    from .tables import print_tables
 
     root = cache_dir or tuned.TUNED_DIR
     table = at_report.report_table(root)
     if not table.rows:
         _fail(f"no tuning cache entries under {root}")
-    _print_tables([table])
+    print_tables(console, [table])
     if plot_dir is not None:
         for path in sorted(Path(root).glob("*/*.json")):
             for e in tuned.load_entries(path):

@@ -26,12 +26,12 @@ import tomllib
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from ..vocab import DTYPES, FAMILIES  # noqa: F401
+
 SHAPES_DIR = Path(__file__).resolve().parents[2] / "shapes"
 FROZEN_LEDGER = "frozen.json"
 
-FAMILIES = ("gdn", "kda")
 GATES = {"gdn": "logsigmoid", "kda": "bounded"}
-DTYPES = ("bfloat16", "float16", "float32")
 MAX_HEAD_DIM = 256
 
 

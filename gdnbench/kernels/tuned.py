@@ -35,6 +35,7 @@ import warnings
 from pathlib import Path
 
 from ..data.results import RESULTS_DIR, slug, write_atomic
+from ..vocab import ROUTES, dtype_bytes
 
 TUNED_DIR = RESULTS_DIR / "tuned"
 CACHE_SCHEMA = 1
@@ -62,7 +63,6 @@ _GDN_ROUTES = {
     "fused_q": ("l2norm", "gram", "wu", "state", "output_fused") + ONE_PASS_KERNELS,
     "fused_qk": ("gram", "wu", "state", "output_fused") + ONE_PASS_KERNELS,
 }
-ROUTES = tuple(_GDN_ROUTES)
 ROUTE_KERNELS = {"gdn": _GDN_ROUTES,
                  "kda": {r: tuple("kda_intra" if k == "gram" else k for k in ks if k not in ONE_PASS_KERNELS)
                          for r, ks in _GDN_ROUTES.items()}}
@@ -278,7 +278,7 @@ def tuned_config(shape, route: str, env: dict | None, cache_dir: Path = TUNED_DI
     (CPU) or with GDNBENCH_TUNED=0 it is always the default."""
     from .config import default_config, validate
 
-    elt = {"float32": 4}.get(shape.dtype, 2)
+    elt = dtype_bytes(shape.dtype)
     cfg = default_config(shape.K, shape.V, elt, shape.family)
     if env is None or os.environ.get(DISABLE_ENV, "1") == "0":
         return cfg, "default"

@@ -33,7 +33,8 @@ from typing import TYPE_CHECKING, Callable
 
 from ...oracle.check import budget, rel_rms, storage_precision
 from ...data.shapes import Shape
-from .train import MEGATRON_ROUTES, megatron_forward
+from ...vocab import MEGATRON_ROUTES
+from .routes import megatron_forward
 
 if TYPE_CHECKING:
     import torch
@@ -116,7 +117,7 @@ def project(shape: Shape, w: dict):
 def route_attention(backend, shape: Shape, route: str, inputs) -> Callable:
     """(qk, v, g, beta) -> (o, state) through the backend's route: explicit / flag get q and k split
     from the fused projection (H heads, the route normalizes as it always does); the megatron routes
-    reuse train.megatron_forward on the fused tensor."""
+    reuse routes.megatron_forward on the fused tensor."""
     def attention(qk, v, g, beta):
         x = replace(inputs, v=v, g=g, beta=beta)
         if route in MEGATRON_ROUTES:

@@ -28,6 +28,8 @@ from typing import TYPE_CHECKING, Callable
 
 from ...oracle.check import Oracle, Verdict, budget, judge, make_oracle, rel_rms, storage_precision
 from ...data.shapes import Shape
+from ...vocab import MEGATRON_ROUTES
+from .routes import megatron_forward
 
 if TYPE_CHECKING:
     import torch
@@ -35,7 +37,6 @@ if TYPE_CHECKING:
     from .layer import LayerOracle
 
 GRADS = ("q", "k", "v", "g", "beta")
-MEGATRON_ROUTES = ("megatron", "megatron_flag")
 COTANGENT_SEED_OFFSET = 7919  # cotangents come from their own stream, not the inputs'
 
 
@@ -55,20 +56,6 @@ def with_leaves(inputs):
     leaf = lambda t: t.detach().clone().requires_grad_()  # noqa: E731
     return replace(inputs, q=leaf(inputs.q), k=leaf(inputs.k), v=leaf(inputs.v), g=leaf(inputs.g),
                    beta=leaf(inputs.beta))
-
-
-def megatron_forward(backend, shape: Shape, inputs, qk, flag: bool) -> Callable[[], tuple]:
-    """Megatron's composition around `backend.kernel`: normalize the fused q|k (unless the kernel's
-    flag does it), split, repeat_interleave q/k heads to HV, kernel with H = HV."""
-    kern = backend.kernel(shape, inputs, flag)
-    H, group = shape.H, shape.HV // shape.H
-
-    def call():
-        x = qk if flag else backend.caller_l2norm(qk)
-        q, k = x.split(H, dim=2)
-        return kern(q.repeat_interleave(group, dim=2), k.repeat_interleave(group, dim=2))
-
-    return call
 
 
 def training_step(forward: Callable[[], tuple], leaves: tuple, do, dstate) -> Callable[[], tuple]:
@@ -169,7 +156,7 @@ def build_grad_oracle(check_shape: Shape, inputs, full_shape: Shape) -> GradOrac
     the same for the small layer's gradients."""
     import torch
 
-    from . import layer  # here, not at the top: layer imports this module
+    from . import layer
 
     do, dstate = cotangents(check_shape, inputs)
     o64, s64, g64 = reference_step(inputs, do, dstate, torch.float64)
