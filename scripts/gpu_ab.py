@@ -30,9 +30,11 @@ sys.path.insert(0, HERE)
 
 import torch  # noqa: E402
 
-from gdnbench import inputs as inputs_mod  # noqa: E402
-from gdnbench import shapes, timing, tuned  # noqa: E402
-from gdnbench.check import rel_rms  # noqa: E402
+from gdnbench.data import inputs as inputs_mod  # noqa: E402
+from gdnbench.data import shapes  # noqa: E402
+from gdnbench.bench import timing
+from gdnbench.kernels import tuned
+from gdnbench.oracle.check import rel_rms  # noqa: E402
 from gdnbench.kernels import config as cfg_mod  # noqa: E402
 from gpu_gdn_check import bench_graph  # noqa: E402
 

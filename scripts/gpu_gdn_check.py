@@ -31,7 +31,7 @@ import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 from triton.testing import do_bench  # noqa: E402
 
-from gdnbench import ops  # noqa: E402
+from gdnbench.kernels import ops  # noqa: E402
 from gdnbench.kernels.config import CHUNK_SIZE, GDNConfig, KernelConfig  # noqa: E402
 
 K = V = 128

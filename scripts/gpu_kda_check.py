@@ -28,7 +28,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import torch  # noqa: E402
 
-from gdnbench import ops  # noqa: E402
+from gdnbench.kernels import ops  # noqa: E402
 from gdnbench.kernels.config import GDNConfig, KernelConfig, default_config  # noqa: E402
 from gpu_gdn_check import bench, log, print_route_table, route_rows  # noqa: E402
 
@@ -44,7 +44,7 @@ SHAPES = [
 
 
 def make_inputs(shape, device="cuda", seed=0):
-    """As gdnbench.inputs for kda-legacy6: bf16 q/k/v/beta, fp32 bounded gate, fp32 states, packed."""
+    """As gdnbench.data.inputs for kda-legacy6: bf16 q/k/v/beta, fp32 bounded gate, fp32 states, packed."""
     gen = torch.Generator().manual_seed(seed)
     T, H, N = sum(shape["lens"]), shape["H"], len(shape["lens"])
 

@@ -37,7 +37,7 @@ import torch  # noqa: E402
 import triton  # noqa: E402
 import triton.language as tl  # noqa: E402
 
-from gdnbench import ops  # noqa: E402
+from gdnbench.kernels import ops  # noqa: E402
 from gdnbench.kernels.common import chunk_coords, row_rstd  # noqa: E402
 from gdnbench.kernels.config import KernelConfig, default_config  # noqa: E402
 

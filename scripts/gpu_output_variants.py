@@ -29,7 +29,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 
-from gdnbench import ops  # noqa: E402
+from gdnbench.kernels import ops  # noqa: E402
 from gdnbench.kernels.config import KernelConfig, default_config  # noqa: E402
 
 import gpu_gdn_check as gdn_check  # noqa: E402  (this script's folder is on sys.path)

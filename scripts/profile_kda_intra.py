@@ -13,7 +13,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import torch  # noqa: E402
 
-from gdnbench import ops  # noqa: E402
+from gdnbench.kernels import ops  # noqa: E402
 from gpu_kda_check import SHAPES, make_inputs  # noqa: E402
 
 ap = argparse.ArgumentParser()

@@ -29,7 +29,7 @@ def _digests(tree: str, kernel: str, shape: dict, route: str, point: dict) -> li
 
     import torch
 
-    from gdnbench import ops, tuned
+    from gdnbench.kernels import ops, tuned
     sys.path.insert(0, str(ROOT / "scripts"))
     from offline_compile import record_launches
 
@@ -73,7 +73,7 @@ def _compiled_digest(kern, a, kw, opts) -> str:
 
 def digests(tree: str, entry: dict) -> list[str] | str:
     """The entry's launch digests compiled in ``tree`` (a child process: each tree has its gdnbench)."""
-    from gdnbench import shapes
+    from gdnbench.data import shapes
 
     s = next(s for s in shapes.load(entry["shape"]["set"]).shapes if s.id == entry["shape"]["id"])
     shape = dict(family=s.family, K=s.K, V=s.V, H=s.H, HV=s.HV, dtype=s.dtype, varlen=s.varlen)
@@ -96,7 +96,7 @@ def main() -> None:
         print(json.dumps(_digests(*json.loads(args.child))))
         return
     sys.path.insert(0, str(ROOT))
-    from gdnbench import tuned
+    from gdnbench.kernels import tuned
 
     old_hash = json.loads(subprocess.run(
         [sys.executable, "-c", "import json; from gdnbench import tuned; "

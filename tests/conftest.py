@@ -2,7 +2,7 @@ import os
 
 import pytest
 
-# Rich sizes its consoles from COLUMNS when they are created (gdnbench.cli's, at import): wide enough
+# Rich sizes its consoles from COLUMNS when they are created (gdnbench.cli.app's, at import): wide enough
 # that table cells are not wrapped, also in pytest-xdist workers, whose stdout is not a terminal.
 os.environ["COLUMNS"] = "250"
 

@@ -13,9 +13,10 @@ import pytest
 import typer
 from typer.testing import CliRunner
 
-from gdnbench import autotune as at
-from gdnbench import shapes as shp
-from gdnbench import tuned
+from gdnbench.autotune import bench as at_bench, dist as at_dist, plan as at_plan, report as at_report, search as at_search, space as at_space, tune as at
+from gdnbench.bench import worker as at_worker
+from gdnbench.data import shapes as shp
+from gdnbench.kernels import tuned
 
 
 def _shape(**kw):
@@ -32,7 +33,7 @@ def _kda_shape(**kw):
 def test_space_has_maxnreg_caps_and_prunes_by_validate():
     from gdnbench.kernels.config import SMEM_LIMIT_BYTES, KernelConfig, _smem_estimate
 
-    space = at.build_space("output", 256, 256, "float32")
+    space = at_space.build_space("output", 256, 256, "float32")
     dims = dict(space.dims)
     assert dims["maxnreg"][0] is None and 64 in dims["maxnreg"] and 248 in dims["maxnreg"]
     assert dims["BK"] == (16, 32, 64, 128, 256)
@@ -50,7 +51,7 @@ def test_space_has_maxnreg_caps_and_prunes_by_validate():
 def test_start_point_is_the_default_config_and_blocks_are_clamped():
     from gdnbench.kernels.config import GDNConfig, KernelConfig, validate
 
-    space = at.build_space("output_fused", 32, 32, "float32")
+    space = at_space.build_space("output_fused", 32, 32, "float32")
     assert space.start == {"BK": 32, "BV": 32, "num_warps": 4, "num_stages": 3, "maxnreg": 168}
     assert dict(space.dims)["BK"] == (16, 32)  # 64.. would compile to the same code as 32
     assert space.is_valid({**space.start, "BK": 16})  # two K tiles are fine in the fused launch too
@@ -62,22 +63,22 @@ def test_start_point_is_the_default_config_and_blocks_are_clamped():
 def test_kda_space_tunes_kda_intra_block_and_prunes_with_gate_tiles():
     from gdnbench.kernels.config import SMEM_LIMIT_BYTES, KernelConfig, _smem_estimate
 
-    space = at.build_space("kda_intra", 128, 128, "bfloat16", "kda")
+    space = at_space.build_space("kda_intra", 128, 128, "bfloat16", "kda")
     assert [d for d, _ in space.dims] == ["BK", "num_warps", "num_stages", "maxnreg"]
     assert dict(space.dims)["BK"] == (16, 32, 64, 128)
     assert space.start == {"BK": 32, "num_warps": 2, "num_stages": 1, "maxnreg": None}  # the KDA default
     big = {"BK": 128, "num_warps": 4, "num_stages": 4, "maxnreg": None}
     assert _smem_estimate("kda_intra", KernelConfig(**big), 128, 128, 2, "kda") > SMEM_LIMIT_BYTES
     assert not space.is_valid(big) and space.is_valid({**big, "num_stages": 3})
-    assert 0 < at.count_valid("kda_intra", 128, 128, "bfloat16", "kda") < space.total
+    assert 0 < at_space.count_valid("kda_intra", 128, 128, "bfloat16", "kda") < space.total
     # KDA's w/u also streams fp32 gate tiles: fewer points fit than for GDN
-    assert at.count_valid("wu", 256, 256, "float32", "kda") < at.count_valid("wu", 256, 256, "float32", "gdn")
-    assert not at.build_space("wu", 256, 256, "float32", "kda").is_valid(
+    assert at_space.count_valid("wu", 256, 256, "float32", "kda") < at_space.count_valid("wu", 256, 256, "float32", "gdn")
+    assert not at_space.build_space("wu", 256, 256, "float32", "kda").is_valid(
         {"BK": 256, "BV": 256, "num_warps": 8, "num_stages": 2, "maxnreg": None})
 
 
 def test_kda_tasks_per_route():
-    tasks = at.plan_tasks(list(at.ROUTES), list(at.KERNELS), "kda")
+    tasks = at_plan.plan_tasks(list(at_space.ROUTES), list(at_space.KERNELS), "kda")
     assert [(t.kernel, t.variant, t.route) for t in tasks] == [
         ("l2norm", "plain", "flag"), ("kda_intra", "plain", "flag"), ("wu", "plain", "flag"),
         ("state", "plain", "flag"), ("output", "plain", "flag"), ("output_fused", "fused_q", "fused_q"),
@@ -90,16 +91,16 @@ def test_kda_tasks_per_route():
     assert tuned.variant_of("output_fused", "fused_qk") == "fused_qk"
     assert tuned.variant_of("aqk", "fused_qk") == tuned.variant_of("state_out", "fused_q") == "fused_q"
     assert tuned.variant_of("aqk", "explicit") == "plain"
-    assert at.plan_tasks(["fused_qk"], ["gram"], "kda") == [] and at.plan_tasks(["flag"], ["kda_intra"]) == []
+    assert at_plan.plan_tasks(["fused_qk"], ["gram"], "kda") == [] and at_plan.plan_tasks(["flag"], ["kda_intra"]) == []
 
 
 def test_plan_tasks_dedupes_specializations():
-    tasks = at.plan_tasks(["explicit", "flag"], list(at.KERNELS))
+    tasks = at_plan.plan_tasks(["explicit", "flag"], list(at_space.KERNELS))
     assert [t.kernel for t in tasks] == ["l2norm", "gram", "wu", "state", "output", "aqk", "state_out"]
-    assert [(t.kernel, t.variant, t.route) for t in at.plan_tasks(["fused_q", "fused_qk"], ["aqk", "state_out"])] == [
+    assert [(t.kernel, t.variant, t.route) for t in at_plan.plan_tasks(["fused_q", "fused_qk"], ["aqk", "state_out"])] == [
         ("aqk", "fused_q", "fused_q"), ("state_out", "fused_q", "fused_q")]
     assert {t.variant for t in tasks} == {"plain"}
-    tasks = at.plan_tasks(list(at.ROUTES), ["gram", "output_fused"])
+    tasks = at_plan.plan_tasks(list(at_space.ROUTES), ["gram", "output_fused"])
     assert [(t.kernel, t.variant, t.route) for t in tasks] == [
         ("gram", "plain", "flag"), ("output_fused", "fused_q", "fused_q"), ("gram", "fuse_k", "fused_qk"),
         ("output_fused", "fused_qk", "fused_qk")]
@@ -108,7 +109,7 @@ def test_plan_tasks_dedupes_specializations():
 # ----------------------------------------------------------------------------- search
 def _separable_space(valid=lambda p: True):
     dims = [("a", (0, 1, 2, 3, 4)), ("b", (10, 20, 30)), ("c", (None, 64, 128, 192))]
-    return at.Space("fake", dims, {"a": 0, "b": 10, "c": None}, valid)
+    return at_space.Space("fake", dims, {"a": 0, "b": 10, "c": None}, valid)
 
 
 def _cost(p):
@@ -128,17 +129,17 @@ def _fake(fn):
 
 def test_coordinate_descent_finds_optimum_of_separable_function():
     evaluate, calls = _fake(lambda p: {"status": "ok", "reason": "", "time_us": _cost(p)})
-    res = at.search(_separable_space(), evaluate, budget_s=1e9, exhaustive_max=10, min_gain=0.0)
+    res = at_search.search(_separable_space(), evaluate, budget_s=1e9, exhaustive_max=10, min_gain=0.0)
     assert res.strategy == "coordinate_descent" and res.stopped == "converged"
     assert res.best["config"] == {"a": 3, "b": 20, "c": 128}
     assert res.default["config"] == {"a": 0, "b": 10, "c": None}
-    assert len(calls) == len({at.point_key(p) for p in calls}) < 5 * 3 * 4  # no point twice, fewer than all
+    assert len(calls) == len({at_space.point_key(p) for p in calls}) < 5 * 3 * 4  # no point twice, fewer than all
 
 
 def test_descent_starts_from_the_fastest_seed_and_keeps_the_default_as_default():
     evaluate, calls = _fake(lambda p: {"status": "ok", "reason": "", "time_us": _cost(p)})
     seeds = [{"c": 128, "a": 3, "b": 30}, {"a": 0, "b": 10, "c": None}, {"a": 9, "b": 10, "c": None}]
-    res = at.search(_separable_space(lambda p: p["a"] < 5), evaluate, budget_s=1e9, exhaustive_max=10,
+    res = at_search.search(_separable_space(lambda p: p["a"] < 5), evaluate, budget_s=1e9, exhaustive_max=10,
                     min_gain=0.0, seeds=seeds)
     # one batch: the default, then the valid seed (in dimension order); the duplicate and the invalid one dropped
     assert calls[:2] == [{"a": 0, "b": 10, "c": None}, {"a": 3, "b": 30, "c": 128}]
@@ -148,30 +149,30 @@ def test_descent_starts_from_the_fastest_seed_and_keeps_the_default_as_default()
     # a seed searched before dimension c existed takes the start's value for it; one with an unknown
     # dimension is dropped
     ev3, calls3 = _fake(lambda p: {"status": "ok", "reason": "", "time_us": _cost(p)})
-    at.search(_separable_space(), ev3, budget_s=1e9, exhaustive_max=10, min_gain=0.0,
+    at_search.search(_separable_space(), ev3, budget_s=1e9, exhaustive_max=10, min_gain=0.0,
               seeds=[{"a": 3, "b": 20}, {"a": 1, "b": 20, "z": 0}])
     assert calls3[:2] == [{"a": 0, "b": 10, "c": None}, {"a": 3, "b": 20, "c": None}]
     assert {"a": 1, "b": 20, "c": None} not in calls3[:2]
     # from the seed, one pass finds the optimum: fewer evaluations than from the default
     ev2, calls2 = _fake(lambda p: {"status": "ok", "reason": "", "time_us": _cost(p)})
-    at.search(_separable_space(lambda p: p["a"] < 5), ev2, budget_s=1e9, exhaustive_max=10, min_gain=0.0)
+    at_search.search(_separable_space(lambda p: p["a"] < 5), ev2, budget_s=1e9, exhaustive_max=10, min_gain=0.0)
     assert len(calls) < len(calls2)
 
 
 def test_seed_points_come_from_current_entries_of_the_same_kernel_and_family(tmp_path):
-    from gdnbench import shapes as shp
+    from gdnbench.data import shapes as shp
 
     env = {"gpu": "Fake GPU", "compute_capability": "9.0", "triton": "3.6.0"}
     ss = shp.load("gdn-qwen6")
     a, b = ss.get("h16_hv32_fixed8k"), ss.get("h16_hv64_fixed8k")
     kda = shp.load("kda-legacy6").get("h96_fixed")
-    task = at.Task("gram", "fuse_k", "fused_qk", "gdn")
+    task = at_plan.Task("gram", "fuse_k", "fused_qk", "gdn")
 
     def save(shape, variant, cfg, source=None, family_kernel="gram"):
-        key = at.tuned.entry_key(env, family_kernel, shape, variant)
+        key = tuned.entry_key(env, family_kernel, shape, variant)
         if source:
             key["source_hash"] = source
-        at.tuned.save_entry(tmp_path, {"key": key, "kernel": family_kernel, "best": {"config": cfg, "time_us": 1.0}})
+        tuned.save_entry(tmp_path, {"key": key, "kernel": family_kernel, "best": {"config": cfg, "time_us": 1.0}})
 
     p1 = {"BK": 64, "num_warps": 1, "num_stages": 3, "maxnreg": 168}
     p2 = {"BK": 32, "num_warps": 1, "num_stages": 2, "maxnreg": None}
@@ -180,26 +181,26 @@ def test_seed_points_come_from_current_entries_of_the_same_kernel_and_family(tmp
     save(a, "fuse_k", {"BK": 16, "num_warps": 8, "num_stages": 1, "maxnreg": None})  # this very search: never
     save(b, "fuse_k", {"BK": 128, "num_warps": 2, "num_stages": 1, "maxnreg": None}, source="sha256:old")  # stale
     save(kda, "plain", {"BK": 16, "num_warps": 4, "num_stages": 4, "maxnreg": None})  # other family
-    assert at.seed_points(tmp_path, env, task, a) == [p1, p2]
-    assert at.seed_points(tmp_path, env, task, a, limit=1) == [p1]
+    assert at_search.seed_points(tmp_path, env, task, a) == [p1, p2]
+    assert at_search.seed_points(tmp_path, env, task, a, limit=1) == [p1]
     # this very search's winner on older code (the edit made it stale) seeds first
     p0 = {"BK": 16, "num_warps": 2, "num_stages": 2, "maxnreg": None}
     save(a, "fuse_k", p0, source="sha256:old")
-    assert at.seed_points(tmp_path, env, task, a) == [p0, p1, p2]
+    assert at_search.seed_points(tmp_path, env, task, a) == [p0, p1, p2]
     # the output kernels seed each other
     p3 = {"BK": 128, "BV": 128, "num_warps": 4, "num_stages": 2, "maxnreg": None}
     save(a, "plain", p3, family_kernel="output")
-    fused = at.Task("output_fused", "fused_q", "fused_q", "gdn")
-    assert at.seed_points(tmp_path, env, fused, a) == [p3]
+    fused = at_plan.Task("output_fused", "fused_q", "fused_q", "gdn")
+    assert at_search.seed_points(tmp_path, env, fused, a) == [p3]
 
 
 def test_exhaustive_when_small_and_budget_stops_descent():
     evaluate, calls = _fake(lambda p: {"status": "ok", "reason": "", "time_us": _cost(p)})
-    res = at.search(_separable_space(), evaluate, budget_s=1e9, exhaustive_max=100)
+    res = at_search.search(_separable_space(), evaluate, budget_s=1e9, exhaustive_max=100)
     assert res.strategy == "exhaustive" and len(calls) == 60 and calls[0] == {"a": 0, "b": 10, "c": None}
     assert res.best["config"] == {"a": 3, "b": 20, "c": 128}
     evaluate, calls = _fake(lambda p: {"status": "ok", "reason": "", "time_us": _cost(p)})
-    res = at.search(_separable_space(), evaluate, budget_s=3, exhaustive_max=10)
+    res = at_search.search(_separable_space(), evaluate, budget_s=3, exhaustive_max=10)
     assert res.stopped == "budget" and len(calls) == 5  # the default, then one sweep
 
 
@@ -212,7 +213,7 @@ def test_failing_candidates_are_recorded_and_never_win():
         return {"status": "ok", "reason": "", "time_us": _cost(p)}
 
     invalid = lambda p: p["c"] != 192  # noqa: E731
-    res = at.search(_separable_space(invalid), at.per_candidate(fn), budget_s=1e9, exhaustive_max=0, min_gain=0.0)
+    res = at_search.search(_separable_space(invalid), at_plan.per_candidate(fn), budget_s=1e9, exhaustive_max=0, min_gain=0.0)
     by_status = {}
     for r in res.results:
         by_status.setdefault(r["status"], []).append(r)
@@ -225,10 +226,10 @@ def test_failing_candidates_are_recorded_and_never_win():
 # ----------------------------------------------------------------------------- sharding
 @pytest.mark.parametrize("n, world", [(0, 2), (1, 4), (7, 3), (25, 8), (16, 1)])
 def test_shard_is_disjoint_and_covering(n, world):
-    parts = [at.shard(n, r, world) for r in range(world)]
+    parts = [at_plan.shard(n, r, world) for r in range(world)]
     flat = sorted(i for p in parts for i in p)
     assert flat == list(range(n))
-    assert at.shard(n, 0, world) == at.shard(n, 0, world)  # pure
+    assert at_plan.shard(n, 0, world) == at_plan.shard(n, 0, world)  # pure
     assert max(map(len, parts)) - min(map(len, parts)) <= 1
 
 
@@ -244,9 +245,9 @@ def test_sharded_evaluator_merges_in_batch_order():
         return local
 
     def all_gather(obj):  # every rank's share, as torch.distributed would gather them
-        return [make(r)([points[i] for i in at.shard(len(points), r, world)]) for r in range(world)]
+        return [make(r)([points[i] for i in at_plan.shard(len(points), r, world)]) for r in range(world)]
 
-    ev = at.sharded(make(0), at.Dist(rank=0, world=world, all_gather=all_gather))
+    ev = at_dist.sharded(make(0), at_dist.Dist(rank=0, world=world, all_gather=all_gather))
     merged, seconds = ev(points)
     assert [r["time_us"] for r in merged] == list(range(8))
     assert [r["rank"] for r in merged] == [i % world for i in range(8)]
@@ -254,21 +255,21 @@ def test_sharded_evaluator_merges_in_batch_order():
 
 
 def test_relaunch_command_uses_torchrun():
-    from gdnbench.cli_autotune import relaunch_command
+    from gdnbench.cli.autotune import relaunch_command
 
-    from gdnbench.cli_autotune import _argv
+    from gdnbench.cli.autotune import _argv
 
     assert _argv({"seeds": True, "retune": False, "budget": 5.0}) == ["--budget", "5.0"]
     assert _argv({"seeds": False, "retune": True}) == ["--no-seeds", "--retune"]
     cmd = relaunch_command(["--budget", "5"], 4)
-    assert cmd[1:5] == ["-m", "gdnbench.cli_autotune", "torchrun", "--standalone"] and "--nproc-per-node=4" in cmd
+    assert cmd[1:5] == ["-m", "gdnbench.cli.autotune", "torchrun", "--standalone"] and "--nproc-per-node=4" in cmd
     assert cmd[-3:] == ["autotune", "--budget", "5"]
 
 
 def test_worker_that_cannot_start_is_a_recorded_error():
     spec = {"shape_set": "/nonexistent.toml", "shape_id": "x", "device": "cpu", "check_tokens": 64,
             "params": {"warmup": 0, "rounds": 1, "iters": 1}}
-    client = at.WorkerClient(spec, "cpu", timeout_s=60, start_timeout_s=60)
+    client = at_worker.WorkerClient(spec, "cpu", timeout_s=60, start_timeout_s=60)
     try:
         assert client.ensure_started() is None and "no such shape file" in client.last_error
         res = client.evaluate("gram", "flag", {"BK": 16})
@@ -382,7 +383,7 @@ def test_stale_source_hash_is_ignored_with_a_warning(tmp_path):
     with pytest.warns(tuned.StaleEntry, match="source hash changed"):
         cfg, label = tuned.tuned_config(shape, "flag", ENV, tmp_path)
     assert label == "default" and cfg == tuned.tuned_config(shape, "flag", None, tmp_path)[0]
-    rows = at.report_rows(tmp_path)
+    rows = at_report.report_rows(tmp_path)
     assert rows[0]["stale"] is True
 
 
@@ -400,27 +401,27 @@ def test_report_and_chart(tmp_path):
     shape = _shape()
     e = _entry(shape)
     tuned.save_entry(tmp_path, e)
-    rows = at.report_rows(tmp_path)
+    rows = at_report.report_rows(tmp_path)
     assert len(rows) == 1 and rows[0]["ratio"] == pytest.approx(0.75) and "r=128" in rows[0]["winner"]
     assert rows[0]["stale"] is False
-    table = at.report_table(tmp_path)
+    table = at_report.report_table(tmp_path)
     assert table.rows[0][6] == "0.750"
-    png = at.chart(e, tmp_path / "state.png")
+    png = at_report.chart(e, tmp_path / "state.png")
     assert png.exists() and png.stat().st_size > 1000
 
 
 def test_make_entry_records_failures(tmp_path):
     shape = _shape(K=32, V=32, dtype="float32")
-    space = at.build_space("gram", 32, 32, "float32")
+    space = at_space.build_space("gram", 32, 32, "float32")
 
     def fn(p):
         if p["maxnreg"] == 64:
             return {"status": "compile_error", "reason": "ptxas: too few registers", "time_us": None}
         return {"status": "ok", "reason": "", "time_us": 10.0 + (p["maxnreg"] or 300) / 100}
 
-    res = at.search(space, at.per_candidate(fn), budget_s=1e9, exhaustive_max=0)
-    opts = at.TuneOptions(cache_dir=tmp_path)
-    entry = at.make_entry(ENV, at.Task("gram", "plain", "flag"), shape, "smoke", space, res, opts)
+    res = at_search.search(space, at_plan.per_candidate(fn), budget_s=1e9, exhaustive_max=0)
+    opts = at_plan.TuneOptions(cache_dir=tmp_path)
+    entry = at.make_entry(ENV, at_plan.Task("gram", "plain", "flag"), shape, "smoke", space, res, opts)
     assert entry["search"]["failed"] >= 1
     assert any(c["status"] == "compile_error" for c in entry["candidates"])
     assert entry["best"]["time_us"] < entry["default"]["time_us"]
@@ -430,7 +431,7 @@ def test_make_entry_records_failures(tmp_path):
 
 # ----------------------------------------------------------------------------- CLI
 def _app():
-    from gdnbench.cli_autotune import register
+    from gdnbench.cli.autotune import register
 
     app = typer.Typer(add_completion=False)
 
@@ -500,7 +501,7 @@ def test_config_label_default_on_cpu():
     assert get("reference").config_label(_shape(), "flag", "cpu") == "default"
 
 
-class _ScriptClient(at.WorkerClient):
+class _ScriptClient(at_worker.WorkerClient):
     """A WorkerClient whose worker is a tiny script: hello, then it dies on the second request."""
 
     SCRIPT = ("import sys, json, os\n"
@@ -523,7 +524,7 @@ class _ScriptClient(at.WorkerClient):
 def test_crashing_worker_costs_one_candidate_and_restarts():
     client = _ScriptClient({}, "cpu", timeout_s=30)
     try:
-        results, _ = at.per_candidate(lambda p: client.evaluate("gram", "flag", p))([{"i": i} for i in range(4)])
+        results, _ = at_plan.per_candidate(lambda p: client.evaluate("gram", "flag", p))([{"i": i} for i in range(4)])
     finally:
         client.close()
     assert [r["status"] for r in results] == ["ok", "crashed", "ok", "crashed"]
@@ -532,7 +533,7 @@ def test_crashing_worker_costs_one_candidate_and_restarts():
 
 def test_report_cli_prints_the_cache_and_charts(tmp_path):
     """--report reads the committed H200 cache (tuned on the GPU) and draws one chart per entry."""
-    from gdnbench.cli import app
+    from gdnbench.cli.app import app
 
     res = CliRunner().invoke(app, ["autotune", "--report", "--plot", str(tmp_path)], env={"COLUMNS": "250"})
     assert res.exit_code == 0, res.output
@@ -546,7 +547,7 @@ def test_report_cli_prints_the_cache_and_charts(tmp_path):
 def _smoke_client(shape_id):
     spec = {"shape_set": str(shp.load("smoke").path), "shape_id": shape_id, "device": "cpu", "check_tokens": 64,
             "params": {"warmup": 0, "rounds": 1, "iters": 1}}
-    return at.WorkerClient(spec, "cpu", timeout_s=300, start_timeout_s=300)
+    return at_worker.WorkerClient(spec, "cpu", timeout_s=300, start_timeout_s=300)
 
 
 def test_kda_candidates_evaluate_in_a_cpu_worker():
@@ -632,8 +633,8 @@ def _smoke_pairs(*ids):
 def _tune(tmp_path, kernels, retune=False, **fake):
     """tune() over smoke's gdn_fixed_b2 on the flag route with fake workers: (events, shapes started)."""
     events, started = [], []
-    opts = at.TuneOptions(device="cpu", budget_s=0, cache_dir=tmp_path, retune=retune)
-    at.tune(_smoke_pairs("gdn_fixed_b2"), at.plan_tasks(["flag"], kernels), opts,
+    opts = at_plan.TuneOptions(device="cpu", budget_s=0, cache_dir=tmp_path, retune=retune)
+    at.tune(_smoke_pairs("gdn_fixed_b2"), at_plan.plan_tasks(["flag"], kernels), opts,
             on_event=lambda kind, info: events.append((kind, info)), env=ENV,
             client_factory=lambda spec: _FakeWorker(spec, started=started, **fake))
     return events, started
@@ -655,7 +656,7 @@ def test_tune_skips_current_cache_entries_and_searches_stale_ones(tmp_path):
     assert info["task"].kernel == "state"
     assert info["reason"] == "cached: BV=64 w=4 s=3 r=128: 120.0 µs, default 160.0 µs"
     assert _searched(events) == ["gram", "output"] and started == ["gdn_fixed_b2"]
-    tally = at.Tally()
+    tally = at_report.Tally()
     for kind, info in events:
         tally.count(kind, info)
     assert (tally.run, tally.skipped, tally.failed, tally.written) == (2, 1, 0, 2) and tally.search_s > 0
@@ -691,7 +692,7 @@ SMOKE_ARGS = ["--device", "cpu", "--shapes", "smoke", "--shape-id", "gdn_fixed_b
 
 
 def test_autotune_cli_interrupt_exits_130_with_one_line(tmp_path, monkeypatch):
-    monkeypatch.setattr(at, "WorkerClient", lambda spec, *a: _FakeWorker(spec, env=at.device_identity("cpu"),
+    monkeypatch.setattr(at, "WorkerClient", lambda spec, *a: _FakeWorker(spec, env=at_bench.device_identity("cpu"),
                                                                           interrupt_on="output"))
     r = CliRunner().invoke(_app(), ["autotune", *SMOKE_ARGS, "--cache-dir", str(tmp_path)], env=_cli_env())
     assert r.exit_code == 130, r.output
@@ -702,7 +703,7 @@ def test_autotune_cli_interrupt_exits_130_with_one_line(tmp_path, monkeypatch):
 
 
 def test_autotune_cli_skips_cached_searches_and_prints_the_summary(tmp_path):
-    env = at.device_identity("cpu")
+    env = at_bench.device_identity("cpu")
     shape = _smoke_pairs("gdn_fixed_b2")[0][1]
     for kernel in ("state", "output"):
         e = _entry(shape, kernel=kernel)
@@ -760,15 +761,15 @@ def test_compile_pool_warms_every_point_in_parallel_and_survives_failures():
         def close(self):
             self.closed = True
 
-    pool = at.CompilePool({"shape_id": "s"}, 3, FakeClient)
+    pool = at_worker.CompilePool({"shape_id": "s"}, 3, FakeClient)
     res = pool.warm("output", "flag", [{"x": i} for i in range(7)])
     assert sorted(calls) == list(range(7)) and [r["status"] for r in res].count("crashed") == 1
     assert peak[0] == 3  # three workers compiling at once
     pool.close()
     assert all(c.closed for c in pool.clients)
-    assert at.CompilePool({}, 0, FakeClient).warm("output", "flag", [{"x": 1}]) == []
-    assert at.default_compile_workers("cpu") == 0
-    assert 0 <= at.default_compile_workers("cuda", 2) <= 8
+    assert at_worker.CompilePool({}, 0, FakeClient).warm("output", "flag", [{"x": 1}]) == []
+    assert at_dist.default_compile_workers("cpu") == 0
+    assert 0 <= at_dist.default_compile_workers("cuda", 2) <= 8
 
 
 def test_warm_request_compiles_a_candidate_in_a_cpu_worker():
@@ -793,14 +794,14 @@ def test_concurrent_saves_to_one_kernel_file_keep_every_entry(tmp_path):
     for p in procs:
         p.join(120)
     assert all(p.exitcode == 0 for p in procs)
-    entries = at.tuned.load_entries(at.tuned.cache_path(tmp_path, "Fake GPU", "state"))
+    entries = tuned.load_entries(tuned.cache_path(tmp_path, "Fake GPU", "state"))
     assert len(entries) == 4 * 15
 
 
 def _save_many(cache_dir, writer):
     from pathlib import Path
 
-    from gdnbench import tuned
+    from gdnbench.kernels import tuned
 
     for i in range(15):
         key = {"gpu": "Fake GPU", "compute_capability": "9.0", "triton": "3.6.0", "source_hash": "sha256:x",
@@ -810,8 +811,8 @@ def _save_many(cache_dir, writer):
 
 def _claims_in_turn(sizes, world, order):
     """Ranks claiming in the given turn order (a rank index per claim) on one shared counter."""
-    fetch_add = at.local_counters()
-    gens = [at.claim_searches(sizes, at.Dist(r, world, fetch_add=fetch_add), "t") for r in range(world)]
+    fetch_add = at_dist.local_counters()
+    gens = [at.claim_searches(sizes, at_dist.Dist(r, world, fetch_add=fetch_add), "t") for r in range(world)]
     got = {r: [] for r in range(world)}
     for r in order:
         nxt = next(gens[r], None)
@@ -838,8 +839,8 @@ def test_a_rank_that_finishes_its_shape_takes_from_the_fullest_one():
 
 
 def test_claims_of_a_single_rank_and_of_nothing():
-    assert list(at.claim_searches([2, 1], at.Dist(), "x")) == [(0, 0), (0, 1), (1, 0)]
-    assert list(at.claim_searches([], at.Dist(), "x")) == []
+    assert list(at.claim_searches([2, 1], at_dist.Dist(), "x")) == [(0, 0), (0, 1), (1, 0)]
+    assert list(at.claim_searches([], at_dist.Dist(), "x")) == []
 
 
 def _thread_ranks(world, fn):
@@ -847,7 +848,7 @@ def _thread_ranks(world, fn):
     import threading
 
     slots, barrier, out = [None] * world, threading.Barrier(world, timeout=60), [None] * world
-    fetch_add = at.local_counters()
+    fetch_add = at_dist.local_counters()
 
     def gather(rank):
         def all_gather(obj):
@@ -859,7 +860,7 @@ def _thread_ranks(world, fn):
         return all_gather
 
     def run(rank):
-        out[rank] = fn(at.Dist(rank, world, rank, gather(rank), fetch_add))
+        out[rank] = fn(at_dist.Dist(rank, world, rank, gather(rank), fetch_add))
 
     threads = [threading.Thread(target=run, args=(r,)) for r in range(world)]
     for t in threads:
@@ -871,12 +872,12 @@ def _thread_ranks(world, fn):
 
 def test_two_ranks_share_out_searches_and_rank_0_gets_every_entry(tmp_path):
     pairs = _smoke_pairs("gdn_fixed_b2", "gdn_packed_gva3")
-    tasks = at.plan_tasks(["flag"], ["gram", "state", "output"])
+    tasks = at_plan.plan_tasks(["flag"], ["gram", "state", "output"])
     started = {0: [], 1: []}
     searched = {0: [], 1: []}
 
     def rank_main(dist):
-        opts = at.TuneOptions(device="cpu", budget_s=0, cache_dir=tmp_path, shard="searches")
+        opts = at_plan.TuneOptions(device="cpu", budget_s=0, cache_dir=tmp_path, shard="searches")
         on_event = lambda kind, info: kind == "entry" and searched[dist.rank].append(  # noqa: E731
             (info["shape"].id, info["task"].kernel))
         return at.tune(pairs, tasks, opts, dist, on_event=on_event, env=ENV if dist.rank == 0 else None,
@@ -895,7 +896,7 @@ def test_two_ranks_share_out_searches_and_rank_0_gets_every_entry(tmp_path):
 
 def test_two_ranks_in_candidate_mode_run_every_search_in_lockstep(tmp_path):
     pairs = _smoke_pairs("gdn_fixed_b2")
-    tasks = at.plan_tasks(["flag"], ["state", "output"])
+    tasks = at_plan.plan_tasks(["flag"], ["state", "output"])
     seen = {0: 0, 1: 0}
 
     class Counting(_FakeWorker):
@@ -904,7 +905,7 @@ def test_two_ranks_in_candidate_mode_run_every_search_in_lockstep(tmp_path):
             return super().evaluate(kernel, route, point)
 
     def rank_main(dist):
-        opts = at.TuneOptions(device="cpu", budget_s=1e9, cache_dir=tmp_path, shard="candidates")
+        opts = at_plan.TuneOptions(device="cpu", budget_s=1e9, cache_dir=tmp_path, shard="candidates")
 
         def factory(spec):
             w = Counting(spec)
@@ -921,6 +922,6 @@ def test_two_ranks_in_candidate_mode_run_every_search_in_lockstep(tmp_path):
 
 def test_ranks_on_node_follow_torchrun_local_world(monkeypatch):
     monkeypatch.delenv("LOCAL_WORLD_SIZE", raising=False)
-    assert at.ranks_on_node(at.Dist(0, 16)) == 16
+    assert at_dist.ranks_on_node(at_dist.Dist(0, 16)) == 16
     monkeypatch.setenv("LOCAL_WORLD_SIZE", "8")  # two nodes of eight GPUs
-    assert at.ranks_on_node(at.Dist(0, 16)) == 8
+    assert at_dist.ranks_on_node(at_dist.Dist(0, 16)) == 8

@@ -5,7 +5,7 @@ import json
 import pytest
 from typer.testing import CliRunner
 
-from gdnbench.cli import EXIT_BAD_INPUT, EXIT_NO_DEVICE, app
+from gdnbench.cli.app import EXIT_BAD_INPUT, EXIT_NO_DEVICE, app
 
 runner = CliRunner()
 
@@ -90,7 +90,7 @@ def test_run_report_compare_plot_on_cpu(tmp_path):
 
 
 def test_two_runs_into_one_folder_in_the_same_second_keep_both_files(tmp_path, monkeypatch):
-    from gdnbench import results
+    from gdnbench.data import results
 
     monkeypatch.setattr(results, "utc_stamp", lambda: "20261130T000000Z")
     args = ("run", "--device", "cpu", "--shapes", "smoke", "--backends", "reference", "--routes", "explicit",

@@ -15,14 +15,16 @@ import torch
 
 os.environ.setdefault("TRITON_INTERPRET", "1")  # before FLA's kernels are first imported (the real-kernel test)
 
-from gdnbench import decode, inputs, report, roofline, shapes  # noqa: E402
+from gdnbench.bench.modes import decode  # noqa: E402
+from gdnbench.data import inputs, shapes
+from gdnbench.analysis import report, roofline
 from gdnbench.backends import fla as fla_mod  # noqa: E402
 from gdnbench.backends import flashinfer as fi  # noqa: E402
 from gdnbench.backends import get  # noqa: E402
 from gdnbench.backends.reference import ReferenceBackend  # noqa: E402
-from gdnbench.reference import decode_step, l2norm  # noqa: E402
-from gdnbench.runner import run_set  # noqa: E402
-from gdnbench.timing import TimingParams  # noqa: E402
+from gdnbench.oracle.reference import decode_step, l2norm  # noqa: E402
+from gdnbench.bench.runner import run_set  # noqa: E402
+from gdnbench.bench.timing import TimingParams  # noqa: E402
 from tests.test_cli import invoke  # noqa: E402
 
 SMOKE = shapes.load("smoke-decode")
@@ -470,6 +472,6 @@ def test_cli_decode_on_a_forward_set_gives_skipped_rows(tmp_path):
 
 
 def test_light_modules_import_no_torch():
-    code = ("import sys, gdnbench.cli, gdnbench.report, gdnbench.results, gdnbench.shapes, gdnbench.roofline; "
+    code = ("import sys, gdnbench.cli.app, gdnbench.analysis.report, gdnbench.data.results, gdnbench.data.shapes, gdnbench.analysis.roofline; "
             "sys.exit('torch' in sys.modules)")
     assert subprocess.run([sys.executable, "-c", code]).returncode == 0

@@ -3,7 +3,7 @@ FlashInfer's documented conventions, and the support/availability reasons.
 
 The fake `chunk_gated_delta_rule` takes packed [T,H,D] q/k, [T,HV,D] v, a LINEAR decay g and beta
 (fp32 [T, max(H,HV)]), cu_seqlens, a state [N,HV,V,K] and its l2norm flag, and answers with
-gdnbench.reference.recurrence after converting back; it refuses anything off-convention.
+gdnbench.oracle.reference.recurrence after converting back; it refuses anything off-convention.
 """
 
 from __future__ import annotations
@@ -15,12 +15,12 @@ import types
 import pytest
 import torch
 
-from gdnbench import shapes
+from gdnbench.data import shapes
 from gdnbench.backends import get
 from gdnbench.backends import flashinfer as fi
-from gdnbench.check import build_oracle, judge, rel_rms
-from gdnbench.inputs import make_inputs
-from gdnbench.reference import l2norm, recurrence
+from gdnbench.oracle.check import build_oracle, judge, rel_rms
+from gdnbench.data.inputs import make_inputs
+from gdnbench.oracle.reference import l2norm, recurrence
 
 SMOKE = {s.id: s for s in shapes.load("smoke").shapes}
 GDN_QWEN = {s.id: s for s in shapes.load("gdn-qwen6").shapes}

@@ -5,10 +5,11 @@ import math
 import pytest
 import torch
 
-from gdnbench import check, inputs, shapes
-from gdnbench.reference import l2norm, recurrence
-from gdnbench.runner import run_set
-from gdnbench.timing import TimingParams
+from gdnbench.oracle import check
+from gdnbench.data import inputs, shapes
+from gdnbench.oracle.reference import l2norm, recurrence
+from gdnbench.bench.runner import run_set
+from gdnbench.bench.timing import TimingParams
 from tests import fakes
 
 SMOKE = shapes.load("smoke")

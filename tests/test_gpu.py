@@ -5,9 +5,9 @@ import os
 import pytest
 
 from gdnbench import backends
-from gdnbench.runner import run_set
-from gdnbench.shapes import Shape, ShapeSet
-from gdnbench.timing import TimingParams
+from gdnbench.bench.runner import run_set
+from gdnbench.data.shapes import Shape, ShapeSet
+from gdnbench.bench.timing import TimingParams
 
 pytestmark = pytest.mark.gpu
 
@@ -61,7 +61,7 @@ def test_direct_launch_matches_the_jit_path():
     q and k start off 16-byte alignment (views 2 bytes into a buffer: another specialization)."""
     import torch
 
-    from gdnbench import ops
+    from gdnbench.kernels import ops
     from gdnbench.kernels import launch
 
     torch.manual_seed(0)
@@ -101,7 +101,7 @@ def test_one_pass_matches_the_two_kernels(norm):
 
     import torch
 
-    from gdnbench import ops
+    from gdnbench.kernels import ops
 
     torch.manual_seed(0)
     T, H, HV, K, V = 700, 2, 8, 128, 128

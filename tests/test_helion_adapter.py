@@ -2,7 +2,7 @@
 availability reasons, support reasons, the effort option and its cache paths, and the helion-linear
 adapter against a fake examples/linear checkout that follows the engine's documented conventions
 (head-first [B,H,T,D], natural-log g, GQA by repeating k/v, state [B,H,D,DV]; a newer KDA entry
-point with cu_seqlens and use_qk_l2norm_in_kernel) and answers with gdnbench.reference.recurrence.
+point with cu_seqlens and use_qk_l2norm_in_kernel) and answers with gdnbench.oracle.reference.recurrence.
 """
 
 from __future__ import annotations
@@ -15,12 +15,12 @@ import textwrap
 import pytest
 import torch
 
-from gdnbench import shapes
+from gdnbench.data import shapes
 from gdnbench.backends import get
 from gdnbench.backends import helion as hb
-from gdnbench.check import build_oracle, judge
-from gdnbench.inputs import make_inputs
-from gdnbench.reference import l2norm
+from gdnbench.oracle.check import build_oracle, judge
+from gdnbench.data.inputs import make_inputs
+from gdnbench.oracle.reference import l2norm
 
 SMOKE = {s.id: s for s in shapes.load("smoke").shapes}
 GDN_QWEN = {s.id: s for s in shapes.load("gdn-qwen6").shapes}
@@ -67,7 +67,7 @@ def test_other_import_errors_are_not_swallowed(monkeypatch):
 
 def test_no_cuda(monkeypatch, helion_ok):
     monkeypatch.setattr(hb, "_cuda_available", lambda: False)
-    monkeypatch.setitem(sys.modules, "gdnbench.helion_gdn", type(sys)("gdnbench.helion_gdn"))
+    monkeypatch.setitem(sys.modules, "gdnbench.kernels.helion", type(sys)("gdnbench.kernels.helion"))
     why = get("helion").is_available()
     assert not why and why.reason.startswith("no CUDA device")
 
@@ -111,13 +111,13 @@ def test_effort_env(monkeypatch):
 def test_cli_effort_option(monkeypatch, tmp_path):
     from typer.testing import CliRunner
 
-    from gdnbench.cli import app
+    from gdnbench.cli.app import app
 
     monkeypatch.delenv(hb.EFFORT_ENV, raising=False)
     r = CliRunner().invoke(app, ["run", "--device", "cpu", "--helion-effort", "max", "--out", str(tmp_path / "x.json")])
     assert r.exit_code == 2 and "--helion-effort 'max'" in r.output
     seen = {}
-    monkeypatch.setattr("gdnbench.cli._run", lambda *a: seen.update(effort=hb.effort(),
+    monkeypatch.setattr("gdnbench.cli.app._run", lambda *a: seen.update(effort=hb.effort(),
                                                                       examples=hb.os.environ.get(hb.EXAMPLES_ENV)))
     r = CliRunner().invoke(app, ["run", "--helion-effort", "quick", "--helion-examples", str(tmp_path)])
     assert r.exit_code == 0, r.output
@@ -172,7 +172,7 @@ def test_cache_keys_paths_and_labels(monkeypatch, tmp_path):
 ENGINE = '''
 """A fake Helion examples/linear engine: the documented entry points, answered by the fp64 recurrence."""
 import torch
-from gdnbench.reference import recurrence
+from gdnbench.oracle.reference import recurrence
 
 CALLS = []
 

@@ -1,4 +1,4 @@
-"""Our Helion GDN kernels (gdnbench/helion_gdn.py) on the CPU against the fp64 recurrence.
+"""Our Helion GDN kernels (gdnbench/kernels/helion.py) on the CPU against the fp64 recurrence.
 
 Skipped when helion does not import. Two ways to run a Helion kernel without a GPU, both tested:
 
@@ -25,12 +25,12 @@ import torch  # noqa: E402
 
 pytest.importorskip("helion", reason="helion is not installed")
 
-from gdnbench import helion_gdn as hg  # noqa: E402
-from gdnbench import shapes  # noqa: E402
+from gdnbench.kernels import helion as hg  # noqa: E402
+from gdnbench.data import shapes  # noqa: E402
 from gdnbench.backends import helion as hb  # noqa: E402
-from gdnbench.check import build_oracle, judge  # noqa: E402
-from gdnbench.inputs import make_inputs  # noqa: E402
-from gdnbench.reference import recurrence  # noqa: E402
+from gdnbench.oracle.check import build_oracle, judge  # noqa: E402
+from gdnbench.data.inputs import make_inputs  # noqa: E402
+from gdnbench.oracle.reference import recurrence  # noqa: E402
 
 TOL = 1e-4  # fp32 relative RMS error against fp64
 SMOKE = {s.id: s for s in shapes.load("smoke").shapes}
@@ -101,7 +101,7 @@ CASES = {
 def test_forward_matches_fp64(mode, case, norm):
     c = CASES[case]
     q, k, v, g, beta, cu, h0 = _inputs(**c)
-    from gdnbench.reference import l2norm
+    from gdnbench.oracle.reference import l2norm
 
     kw = dict(scale=c["K"] ** -0.5, initial_state=h0, cu_seqlens=cu)
     if norm == "none":
@@ -260,7 +260,7 @@ def _kda_inputs(B, lens, H, HV, K, V, h0, seed=1):
 def test_kda_forward_matches_fp64(mode, case, norm):
     c = CASES[case]
     q, k, v, g, beta, cu, h0 = _kda_inputs(**c)
-    from gdnbench.reference import l2norm
+    from gdnbench.oracle.reference import l2norm
 
     kw = dict(scale=c["K"] ** -0.5, initial_state=h0, cu_seqlens=cu)
     if norm == "caller":

@@ -1,14 +1,15 @@
-"""The small layer around each training route (gdnbench/layer.py): its weight gradients pass the gate on the
+"""The small layer around each training route (gdnbench/bench/modes/layer.py): its weight gradients pass the gate on the
 reference backend for every route, a perturbed gradient fails naming its weight, the report shows them."""
 
 import pytest
 
-from gdnbench import inputs, layer, shapes, train
-from gdnbench import report as rep
+from gdnbench.data import inputs, shapes
+from gdnbench.bench.modes import layer, train
+from gdnbench.analysis import report as rep
 from gdnbench.backends.reference import ReferenceBackend
-from gdnbench.check import rel_rms
-from gdnbench.runner import run_set
-from gdnbench.timing import TimingParams
+from gdnbench.oracle.check import rel_rms
+from gdnbench.bench.runner import run_set
+from gdnbench.bench.timing import TimingParams
 from tests import fakes
 
 SMOKE = shapes.load("smoke")

@@ -11,13 +11,14 @@ import types
 import pytest
 import torch
 
-from gdnbench import runner, shapes
+from gdnbench.bench import runner
+from gdnbench.data import shapes
 from gdnbench.backends import REGISTRY, get
 from gdnbench.backends import fla_dispatch as fd
 from gdnbench.backends import flashqla as fq
-from gdnbench.check import build_oracle, judge
-from gdnbench.inputs import make_inputs
-from gdnbench.reference import l2norm, recurrence
+from gdnbench.oracle.check import build_oracle, judge
+from gdnbench.data.inputs import make_inputs
+from gdnbench.oracle.reference import l2norm, recurrence
 
 SMOKE = {s.id: s for s in shapes.load("smoke").shapes}
 GDN_QWEN = {s.id: s for s in shapes.load("gdn-qwen6").shapes}

@@ -1,6 +1,6 @@
-"""Correctness tests of gdnbench.ops.chunk_gdn (our Triton chunked GDN forward) on the CPU.
+"""Correctness tests of gdnbench.kernels.ops.chunk_gdn (our Triton chunked GDN forward) on the CPU.
 
-TRITON_INTERPRET=1 is set at the very top, before triton or gdnbench.ops is
+TRITON_INTERPRET=1 is set at the very top, before triton or gdnbench.kernels.ops is
 imported: Triton reads it when kernels are first decorated, and this machine
 has no GPU.  Under the interpreter tl.dot on bf16 operands is unreliable, so
 the tests use fp32 and fp16 storage.  Shapes are small (the interpreter is
@@ -16,7 +16,7 @@ import pytest  # noqa: E402
 import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 
-from gdnbench.ops import (  # noqa: E402
+from gdnbench.kernels.ops import (  # noqa: E402
     GDNConfig,
     KernelConfig,
     L2NormConfig,
@@ -229,7 +229,7 @@ def test_fused_qk_fixups_past_the_first_flag_block(monkeypatch):
     5 of 6) is found in the second block."""
     import triton.language as tl
 
-    from gdnbench import ops
+    from gdnbench.kernels import ops
     from gdnbench.kernels import intra, output
 
     for mod in (intra, output):

@@ -1,8 +1,8 @@
-"""Correctness tests of gdnbench.ops.chunk_kda (our Triton chunked KDA forward) on the CPU.
+"""Correctness tests of gdnbench.kernels.ops.chunk_kda (our Triton chunked KDA forward) on the CPU.
 
 As in test_ops_gdn.py: TRITON_INTERPRET=1 before triton is imported, fp32/fp16 storage
 only (bf16 dots are unreliable under the interpreter), small odd shapes, and every case
-compared with the fp64 token recurrence of gdnbench.reference (per-channel gates).
+compared with the fp64 token recurrence of gdnbench.oracle.reference (per-channel gates).
 The GDN kernels this op shares are covered, unchanged, by test_ops_gdn.py.
 """
 
@@ -16,10 +16,10 @@ import pytest  # noqa: E402
 import torch  # noqa: E402
 from typer.testing import CliRunner  # noqa: E402
 
-from gdnbench.cli import app  # noqa: E402
+from gdnbench.cli.app import app  # noqa: E402
 from gdnbench.kernels.config import default_config  # noqa: E402
-from gdnbench.ops import GDNConfig, KernelConfig, chunk_kda, l2norm, prepare_varlen, validate  # noqa: E402
-from gdnbench.reference import recurrence  # noqa: E402
+from gdnbench.kernels.ops import GDNConfig, KernelConfig, chunk_kda, l2norm, prepare_varlen, validate  # noqa: E402
+from gdnbench.oracle.reference import recurrence  # noqa: E402
 
 FUSED = ("fused_q", "fused_qk")
 TOL = {torch.float32: 1e-4, torch.float16: 5e-3}

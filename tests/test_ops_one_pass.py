@@ -10,8 +10,8 @@ os.environ["TRITON_INTERPRET"] = "1"
 import pytest  # noqa: E402
 import torch  # noqa: E402
 
-from gdnbench import ops  # noqa: E402
-from gdnbench.ops import GDNConfig, KernelConfig, chunk_gdn, default_config, l2norm, prepare_varlen  # noqa: E402
+from gdnbench.kernels import ops  # noqa: E402
+from gdnbench.kernels.ops import GDNConfig, KernelConfig, chunk_gdn, default_config, l2norm, prepare_varlen  # noqa: E402
 
 from .test_ops_gdn import FUSED, TOL, check, make_inputs, reference, rel_rms  # noqa: E402
 

@@ -5,8 +5,8 @@ import math
 
 import pytest
 
-from gdnbench import report as rep
-from gdnbench import results
+from gdnbench.analysis import report as rep
+from gdnbench.data import results
 
 
 def row(shape, backend, route, wall=None, gpu=None, status="ok", reason=""):
@@ -70,7 +70,7 @@ def test_tuned_over_default_pairs_when_both_gdnbench_backends_ran():
 def test_default_backend_ignores_the_tuning_cache():
     from gdnbench.backends import get
 
-    from gdnbench.shapes import load
+    from gdnbench.data.shapes import load
 
     by_id = {s.id: s for s in load("gdn-qwen6").shapes}
     b = get("gdnbench-default")
@@ -133,7 +133,7 @@ def test_claim_path_gives_runs_started_in_the_same_second_their_own_files(tmp_pa
 
 
 def test_plot_writes_png(tmp_path):
-    from gdnbench.plot import plot
+    from gdnbench.analysis.plot import plot
 
     out = plot(doc(ROWS), tmp_path / "c.png")
     assert out.read_bytes()[:4] == b"\x89PNG"
@@ -162,7 +162,7 @@ def test_kernel_table_splits_each_row_and_sums_the_tail():
 
 
 def test_kernel_names_lose_templates_and_signatures():
-    from gdnbench.timing import kernel_name
+    from gdnbench.bench.timing import kernel_name
 
     assert kernel_name("void at::native::vectorized_elementwise_kernel<4, Foo>(int, Bar)") == \
         "at::native::vectorized_elementwise_kernel"

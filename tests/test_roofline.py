@@ -6,10 +6,12 @@ import math
 import pytest
 import torch
 
-from gdnbench import calibrate, reference, results
-from gdnbench import roofline as rf
-from gdnbench.report import Table, to_markdown
-from gdnbench.shapes import Shape, ShapeSet
+from gdnbench.analysis import calibrate
+from gdnbench.oracle import reference
+from gdnbench.data import results
+from gdnbench.analysis import roofline as rf
+from gdnbench.analysis.report import Table, to_markdown
+from gdnbench.data.shapes import Shape, ShapeSet
 
 TINY = Shape(id="tiny", family="gdn", H=2, HV=4, K=8, V=16, lens=(100, 30), seed=1, gate="logsigmoid",
              initial_state=True)
@@ -232,7 +234,7 @@ def test_floor_of_a_row_and_its_fractions():
 
 def test_h200_sanity_fractions():
     """The numbers measured on our H200 (FIELD-NOTES.md) under this model."""
-    from gdnbench import shapes
+    from gdnbench.data import shapes
 
     c = rf.H200_FIELD_NOTES
     gdn = shapes.load("gdn-qwen6").get("h16_hv32_fixed8k")
@@ -293,7 +295,7 @@ def test_roofline_table_from_labels_and_from_the_shapes_dir():
     frac = float(long_rows[0][columns.index("floor/gpu")])
     assert 0.14 < frac < 0.17
     # the set under shapes/ is used when the file's hash matches it
-    from gdnbench import shapes
+    from gdnbench.data import shapes
 
     ss = shapes.load("gdn-qwen6")
     d = _doc([_row("h2_hv8_serving", "fla", "flag", 176.0, 700.0)], name="gdn-qwen6",

@@ -2,7 +2,7 @@ import json
 import shutil
 import pytest
 
-from gdnbench import shapes as shp
+from gdnbench.data import shapes as shp
 
 GOOD = """
 name = "t"

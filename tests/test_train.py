@@ -5,12 +5,13 @@ import json
 import pytest
 import torch
 
-from gdnbench import inputs, shapes, train
+from gdnbench.data import inputs, shapes
+from gdnbench.bench.modes import train
 from gdnbench.backends import get
 from gdnbench.backends.fla import HOPPER_BWD_REFUSED, FlaBackend, gdn_backward_refused
 from gdnbench.backends.reference import ReferenceBackend
-from gdnbench.runner import run_set
-from gdnbench.timing import TimingParams
+from gdnbench.bench.runner import run_set
+from gdnbench.bench.timing import TimingParams
 from tests import fakes
 from tests.test_cli import invoke
 

@@ -4,12 +4,12 @@
 outside the timed region and returns a zero-argument closure; calling it runs the
 backend once and returns (o [B,T,HV,V], final_state [N,HV,K,V] fp32 or None).
 
-Training mode (`fwd_bwd`, gdnbench/train.py) wraps the same forward closures in a
+Training mode (`fwd_bwd`, gdnbench/bench/modes/train.py) wraps the same forward closures in a
 forward + loss + backward step; its caller compositions (`megatron*`) wrap `kernel`.
 Forward-mode routes and training routes are separate lists so that a forward run
 asks for exactly what it always asked for.
 
-Decode mode (`decode`, gdnbench/decode.py) runs decode shapes only: `prepare_decode` returns a
+Decode mode (`decode`, gdnbench/bench/modes/decode.py) runs decode shapes only: `prepare_decode` returns a
 closure that advances N sequences by one token, reading and updating their states in place in
 the pool `inputs.state_pool` at `inputs.state_indices` (the adapter may convert the pool in
 prepare_decode, outside the timed region), and returns (o [1,N,HV,V], the pool as
@@ -21,13 +21,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Callable
 
-ROUTES = ("explicit", "flag", "fused_q", "fused_qk")  # forward mode
-TRAIN_ROUTES = ("explicit", "flag", "megatron", "megatron_flag")  # fwd_bwd mode
-DECODE_ROUTES = ("explicit", "flag")  # decode mode (fused routes: only where a backend has them)
-MODES = ("fwd", "fwd_bwd", "decode")
-ROUTES_BY_MODE = {"fwd": ROUTES, "fwd_bwd": TRAIN_ROUTES, "decode": DECODE_ROUTES}
-ALL_ROUTES = tuple(dict.fromkeys(ROUTES + TRAIN_ROUTES))
-NO_BACKWARD_ROUTES = ("fused_q", "fused_qk")
+from ..vocab import (ALL_ROUTES, DECODE_ROUTES, FAMILIES, MODES, NO_BACKWARD_ROUTES, ROUTES,  # noqa: F401
+                     ROUTES_BY_MODE, TRAIN_ROUTES)
 
 
 @dataclass(frozen=True)
@@ -56,7 +51,7 @@ def one_line(e: BaseException, prefix: str = "") -> str:
 class Backend:
     name: str = "base"
     routes: tuple[str, ...] = ()
-    families: tuple[str, ...] = ("gdn", "kda")
+    families: tuple[str, ...] = FAMILIES
     devices: tuple[str, ...] = ("cuda",)
     graph_safe: bool = True
     worker_env: dict[str, str] = {}  # environment its worker process needs (backends that differ run apart)

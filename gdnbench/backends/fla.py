@@ -23,7 +23,7 @@ from __future__ import annotations
 import os
 import re
 
-from ..results import dist_version
+from ..data.results import dist_version
 from .base import DECODE_ROUTES, TRAIN_ROUTES, YES, Backend, no, one_line
 
 CHUNK = 64

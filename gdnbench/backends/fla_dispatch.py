@@ -13,7 +13,7 @@ from __future__ import annotations
 import os
 import sys
 
-from ..results import dist_version
+from ..data.results import dist_version
 from .base import TRAIN_ROUTES, YES, Support, no, one_line
 from .fla import HOPPER_BWD_REFUSED, FlaBackend, gdn_backward_refused
 from .flashqla import leader_support

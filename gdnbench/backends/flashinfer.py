@@ -44,7 +44,7 @@ own work, timed as for FLA) and, for KDA, restoring the in-place-updated initial
 from __future__ import annotations
 
 from .base import YES, Backend, no, one_line
-from ..results import dist_version
+from ..data.results import dist_version
 
 DIST = "flashinfer-python"
 HEAD_SIZE = 128
@@ -100,10 +100,10 @@ def _caller_l2norm(x):
     """The explicit route's l2norm (FLA semantics: x / sqrt(sum x^2 + 1e-6) in fp32, cast back):
     our Triton kernel on CUDA, the torch reference elsewhere."""
     if x.is_cuda:
-        from ..ops import l2norm
+        from ..kernels.ops import l2norm
 
         return l2norm(x)
-    from ..reference import l2norm
+    from ..oracle.reference import l2norm
 
     return l2norm(x)
 
@@ -313,7 +313,7 @@ class FlashinferBackend(Backend):
         if shape.family == "kda":
             return (f"{v} recurrent_kda(use_gate_in_kernel, beta_is_logit, lower_bound, in-kernel l2norm) "
                     "on our gate inverted to raw z=logit(g/lb), A_log=0, dt_bias=0 (bf16 gate/beta/state)")
-        how = ("caller l2norm (gdnbench.ops.l2norm), use_qk_l2norm_in_kernel=False" if route == "explicit"
+        how = ("caller l2norm (gdnbench.kernels.ops.l2norm), use_qk_l2norm_in_kernel=False" if route == "explicit"
                else "use_qk_l2norm_in_kernel=True (ignored by prefill up to 0.6.18, flashinfer PR #5255)")
         return f"{v} gdn_prefill.chunk_gated_delta_rule packed [T,H,D] + cu_seqlens, exp(g), native GVA, {how}"
 

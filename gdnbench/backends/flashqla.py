@@ -16,7 +16,7 @@ variant says whether it was taken, from FlashQLA's own decision function.
 
 from __future__ import annotations
 
-from ..results import dist_version
+from ..data.results import dist_version
 from .base import TRAIN_ROUTES, YES, no, one_line
 from .fla import FlaBackend
 

@@ -1,4 +1,4 @@
-"""Our own Triton kernels (gdnbench.ops): GDN (chunk_gdn) and KDA (chunk_kda) forwards with the
+"""Our own Triton kernels (gdnbench.kernels.ops): GDN (chunk_gdn) and KDA (chunk_kda) forwards with the
 normalization routes.
 
 `explicit` = our l2norm on q and k by the caller, then norm="none"; `flag` = the op's
@@ -16,17 +16,17 @@ class GdnbenchBackend(Backend):
     routes = ("explicit", "flag", "fused_q", "fused_qk")
     families = ("gdn", "kda")
     devices = ("cuda", "cpu")
-    no_backward = "has no backward (gdnbench.ops is a forward-only Triton op, no autograd)"
-    no_decode = "has no decode kernel (gdnbench.ops is a chunked forward)"
+    no_backward = "has no backward (gdnbench.kernels.ops is a forward-only Triton op, no autograd)"
+    no_decode = "has no decode kernel (gdnbench.kernels.ops is a chunked forward)"
 
     def __init__(self):
         self._resolved: dict = {}
 
     def is_available(self):
         try:
-            from .. import ops  # noqa: F401
+            from ..kernels import ops  # noqa: F401
         except Exception as e:  # triton missing or broken
-            return no(one_line(e, "import gdnbench.ops failed"))
+            return no(one_line(e, "import gdnbench.kernels.ops failed"))
         return YES
 
     def version(self):
@@ -46,7 +46,7 @@ class GdnbenchBackend(Backend):
 
     def variant(self, shape, route):
         bound = f" lower_bound={shape.lower_bound}" if shape.family == "kda" else ""
-        return f"gdnbench.ops.chunk_{shape.family} norm={'none' if route == 'explicit' else route}{bound}"
+        return f"gdnbench.kernels.ops.chunk_{shape.family} norm={'none' if route == 'explicit' else route}{bound}"
 
     def _config(self, shape, route, device):
         """(GDNConfig or None for the built-in default, label): the autotune cache's config on CUDA, GDN's
@@ -58,7 +58,7 @@ class GdnbenchBackend(Backend):
         if key not in self._resolved:
             cfg, label = None, "default"
             if device == "cuda":
-                from ..tuned import device_env, tuned_config
+                from ..kernels.tuned import device_env, tuned_config
 
                 cfg, label = tuned_config(shape, route, device_env())
             self._resolved[key] = _pin_path(shape, route, cfg if label != "default" else None, label)
@@ -68,7 +68,7 @@ class GdnbenchBackend(Backend):
         return self._config(shape, route, device)[1]
 
     def prepare(self, shape, route, inputs):
-        from .. import ops
+        from ..kernels import ops
 
         cfg, _ = self._config(shape, route, "cuda" if inputs.q.is_cuda else "cpu")
         kw = dict(scale=inputs.scale, initial_state=inputs.initial_state, output_final_state=True, config=cfg)
@@ -108,8 +108,8 @@ def _pin_path(shape, route: str, cfg, label: str):
         return cfg, label
     import dataclasses
 
-    from .. import ops
-    from ..inputs import torch_dtype
+    from ..kernels import ops
+    from ..data.inputs import torch_dtype
 
     base = cfg or ops.default_config(shape.K, shape.V, torch_dtype(shape.dtype).itemsize)
     one = ops.one_pass(base, shape.K, shape.HV, shape.tokens, max(shape.lens))

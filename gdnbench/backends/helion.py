@@ -1,10 +1,10 @@
 """Helion: our own Helion GDN kernels (`helion`) and Helion's chunked linear-attention engine (`helion-linear`).
 
-`helion` (gdnbench/helion_gdn.py): the inter-chunk state recurrence and the output stage run in Helion
+`helion` (gdnbench/kernels/helion.py): the inter-chunk state recurrence and the output stage run in Helion
 (the output kernel with q's norm folded in on route `fused_q`), the standalone l2norm too (routes
 `flag`, and k on `fused_q`); the gate cumsum, the gram + solve and w/u come from our Triton pipeline
-(gdnbench.ops stage functions, default configs; KDA: kda_intra and w/u/kg). Routes: `explicit` (the
-caller's l2norm, gdnbench.ops.l2norm, then the Helion pipeline), `flag` (Helion l2norm inside),
+(gdnbench.kernels.ops stage functions, default configs; KDA: kda_intra and w/u/kg). Routes: `explicit` (the
+caller's l2norm, gdnbench.kernels.ops.l2norm, then the Helion pipeline), `flag` (Helion l2norm inside),
 `fused_q`. GDN and KDA (bounded gate, lower_bound >= -5).
 
 Configs (`gdnbench run --helion-effort none|quick|full`, passed to the workers as GDNBENCH_HELION_EFFORT):
@@ -48,7 +48,7 @@ import tempfile
 import warnings
 from pathlib import Path
 
-from ..results import dist_version, slug, write_atomic
+from ..data.results import dist_version, slug, write_atomic
 from .base import YES, Backend, Support, no, one_line
 
 DIST = "helion"
@@ -58,11 +58,11 @@ EFFORTS = ("none", "quick", "full")
 ENGINE = Path("examples") / "linear" / "linear_attention_engine.py"
 ENGINE_MODULE = "examples.linear.linear_attention_engine"
 ROUTE_NORM = {"explicit": "none", "flag": "flag", "fused_q": "fused_q"}
-KERNEL_SOURCE = Path(__file__).resolve().parent.parent / "helion_gdn.py"  # our Helion kernels
+KERNEL_SOURCE = Path(__file__).resolve().parent.parent / "kernels" / "helion.py"  # our Helion kernels
 
 
 def source_hash() -> str:
-    """sha256 of gdnbench/helion_gdn.py: a tuned config is valid only for the kernel text it was tuned on."""
+    """sha256 of gdnbench/kernels/helion.py: a tuned config is valid only for the kernel text it was tuned on."""
     return "sha256:" + hashlib.sha256(KERNEL_SOURCE.read_bytes()).hexdigest()
 
 
@@ -114,7 +114,7 @@ def effort() -> str:
 
 def _caller_l2norm(x):
     """The explicit route's l2norm (FLA semantics): our Triton kernel (the CPU runs it under the interpreter)."""
-    from ..ops import l2norm
+    from ..kernels.ops import l2norm
 
     return l2norm(x)
 
@@ -125,7 +125,7 @@ def cache_key(identity: dict, kernel: str, variant: str, shape, effort_name: str
     import torch
     import triton
 
-    from ..tuned import shape_key
+    from ..kernels.tuned import shape_key
 
     return {"gpu": identity["gpu"], "compute_capability": identity["compute_capability"],
             "helion": dist_version(DIST), "torch": torch.__version__, "triton": triton.__version__,
@@ -173,7 +173,7 @@ class HelionBackend(Backend):
     no_decode = "has no decode kernel (our Helion kernels are a chunked forward)"
 
     def __init__(self, cache_dir: Path | None = None):
-        from ..tuned import TUNED_DIR
+        from ..kernels.tuned import TUNED_DIR
 
         self.cache_dir = Path(cache_dir) if cache_dir is not None else TUNED_DIR
         self._resolved: dict = {}  # (shape id, route) -> {kernel: helion.Config}: the full shape's configs
@@ -183,9 +183,9 @@ class HelionBackend(Backend):
         if not why:
             return why
         try:
-            from .. import helion_gdn  # noqa: F401
+            from ..kernels import helion as helion_gdn  # noqa: F401
         except ImportError as e:
-            return no(one_line(e, "import gdnbench.helion_gdn failed"))
+            return no(one_line(e, "import gdnbench.kernels.helion failed"))
         if not _cuda_available():
             return no("no CUDA device (Helion compiles to Triton for a GPU)")
         return YES
@@ -246,7 +246,7 @@ class HelionBackend(Backend):
             f"; cached: {', '.join(cached)}" if cached else "")
 
     def _runner(self, shape, route: str):
-        from ..helion_gdn import StageRunner
+        from ..kernels.helion import StageRunner
 
         key = (shape.id, route)
         if key in self._resolved:  # the gate's shortened copy: the full shape's configs
@@ -264,7 +264,7 @@ class HelionBackend(Backend):
         return runner
 
     def variant(self, shape, route):
-        how = {"explicit": "caller l2norm (gdnbench.ops.l2norm, Triton)",
+        how = {"explicit": "caller l2norm (gdnbench.kernels.ops.l2norm, Triton)",
                "flag": "l2norm of q and k (Helion)",
                "fused_q": "l2norm of k (Helion), q's norm fused in the output kernel"}[route]
         out = "output with fused q-norm" if route == "fused_q" else "output"
@@ -272,10 +272,10 @@ class HelionBackend(Backend):
                   else "gate cumsum + gram + solve, w/u")
         return (f"helion {self.version()}: Helion stages [{shape.family} state recurrence, {out}"
                 f"{', l2norm' if route != 'explicit' else ''}], Triton stages [{triton}] "
-                f"(gdnbench.ops, default configs); {how}; effort {os.environ.get(EFFORT_ENV, 'none')}")
+                f"(gdnbench.kernels.ops, default configs); {how}; effort {os.environ.get(EFFORT_ENV, 'none')}")
 
     def prepare(self, shape, route, inputs):
-        from .. import helion_gdn
+        from ..kernels import helion as helion_gdn
 
         runner = self._runner(shape, route)
         call = helion_gdn.prepare_forward(
@@ -393,7 +393,7 @@ class HelionLinearBackend(Backend):
         layout = ("token-major [1,T,HV,D] + cu_seqlens" if packed
                   else "head-first [B,HV,T,D]" + (" (equal-length sequences as a dense batch; the output's copy back "
                                                    "to packed tokens is in the call)" if shape.varlen else ""))
-        norm = "use_qk_l2norm_in_kernel=True" if route == "flag" else "caller l2norm (gdnbench.ops.l2norm)"
+        norm = "use_qk_l2norm_in_kernel=True" if route == "flag" else "caller l2norm (gdnbench.kernels.ops.l2norm)"
         tuned = pretuned_files(root) if root else []
         cache = os.environ.get("HELION_AUTOTUNE_CACHE", "AOTAutotuneCache")
         # HELION_AUTOTUNE_EFFORT=none makes Helion take its default config before asking the AOT cache

@@ -32,14 +32,14 @@ class ReferenceBackend(Backend):
         return what + VARIANTS.get(route, "")
 
     def caller_l2norm(self, x):
-        from ..reference import l2norm
+        from ..oracle.reference import l2norm
 
         return l2norm(x)
 
     def kernel(self, shape, inputs, flag):
         import torch
 
-        from ..reference import recurrence
+        from ..oracle.reference import recurrence
 
         out_dtype = inputs.v.dtype
 
@@ -59,7 +59,7 @@ class ReferenceBackend(Backend):
         return lambda: kern(self.caller_l2norm(q), self.caller_l2norm(k))
 
     def prepare_decode(self, shape, route, inputs):
-        from ..reference import decode_step
+        from ..oracle.reference import decode_step
 
         pool, idx = inputs.state_pool, inputs.state_indices
         q, k, v, g, beta = inputs.q, inputs.k, inputs.v, inputs.g, inputs.beta

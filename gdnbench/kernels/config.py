@@ -17,6 +17,8 @@ import dataclasses
 import functools
 from dataclasses import dataclass, field
 
+from ..vocab import FAMILIES
+
 CHUNK_SIZE = 64  # BT, fixed: the intra-chunk solve is written for 4 sub-blocks of 16
 SUB_CHUNK = 16  # BC: forward-substitution block of the (I + A)^-1 solve
 MAX_HEAD_DIM = 256
@@ -51,7 +53,7 @@ class L2NormConfig:
 
 @dataclass(frozen=True)
 class GDNConfig:
-    """One config per stage kernel of :func:`gdnbench.ops.chunk_gdn` and :func:`gdnbench.ops.chunk_kda`.
+    """One config per stage kernel of :func:`gdnbench.kernels.ops.chunk_gdn` and :func:`gdnbench.kernels.ops.chunk_kda`.
 
     Defaults are the fastest of ``scripts/gpu_gdn_check.py --sweep`` on the H200
     (B1 T8192 H16 HV32, K = V = 128, bf16, Triton 3.6), per stage: gram 344 -> 126 us
@@ -192,7 +194,7 @@ def validate(config: GDNConfig, K: int, V: int, dtype_bytes: int = 2, family: st
 
 
 def _check(config: GDNConfig, K: int, V: int, dtype_bytes: int, family: str) -> None:
-    if family not in ("gdn", "kda"):
+    if family not in FAMILIES:
         raise ValueError(f"family must be 'gdn' or 'kda', got {family!r}")
     for name, dim in (("K", K), ("V", V)):
         if dim % 16 != 0 or not 16 <= dim <= MAX_HEAD_DIM:

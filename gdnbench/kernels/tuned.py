@@ -34,11 +34,12 @@ import os
 import warnings
 from pathlib import Path
 
-from .results import RESULTS_DIR, slug, write_atomic
+from ..data.results import RESULTS_DIR, slug, write_atomic
+from ..vocab import ROUTES, dtype_bytes
 
 TUNED_DIR = RESULTS_DIR / "tuned"
 CACHE_SCHEMA = 1
-KERNEL_DIR = Path(__file__).resolve().parent / "kernels"
+KERNEL_DIR = Path(__file__).resolve().parent
 # the jit functions each tuned kernel launches: (module in kernels/, function names)
 KERNEL_FUNCTIONS = {
     "l2norm": ("common.py", ("l2norm_kernel",)),
@@ -62,7 +63,6 @@ _GDN_ROUTES = {
     "fused_q": ("l2norm", "gram", "wu", "state", "output_fused") + ONE_PASS_KERNELS,
     "fused_qk": ("gram", "wu", "state", "output_fused") + ONE_PASS_KERNELS,
 }
-ROUTES = tuple(_GDN_ROUTES)
 ROUTE_KERNELS = {"gdn": _GDN_ROUTES,
                  "kda": {r: tuple("kda_intra" if k == "gram" else k for k in ks if k not in ONE_PASS_KERNELS)
                          for r, ks in _GDN_ROUTES.items()}}
@@ -254,7 +254,7 @@ def point_label(point: dict) -> str:
 
 def kernel_config(kernel: str, point: dict):
     """The KernelConfig / L2NormConfig of a point."""
-    from .kernels.config import KernelConfig, L2NormConfig
+    from .config import KernelConfig, L2NormConfig
 
     return (L2NormConfig if kernel == "l2norm" else KernelConfig)(**point)
 
@@ -276,9 +276,9 @@ def tuned_config(shape, route: str, env: dict | None, cache_dir: Path = TUNED_DI
 
     The description is 'default' or 'tuned: kernel[config], ...'. Without a device identity
     (CPU) or with GDNBENCH_TUNED=0 it is always the default."""
-    from .kernels.config import default_config, validate
+    from .config import default_config, validate
 
-    elt = {"float32": 4}.get(shape.dtype, 2)
+    elt = dtype_bytes(shape.dtype)
     cfg = default_config(shape.K, shape.V, elt, shape.family)
     if env is None or os.environ.get(DISABLE_ENV, "1") == "0":
         return cfg, "default"

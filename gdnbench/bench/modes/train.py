@@ -16,7 +16,7 @@ repeat_interleave, then the kernel with H = HV.
 The gate compares the output, the final state and dq, dk, dv, dg, dbeta with the fp64
 recurrence's autograd gradients; each budget is built as check.py builds the forward
 ones: 2 x the error of the same computation (forward and backward) at storage precision.
-It then adds the weight gradients of a small layer around the route (gdnbench/layer.py),
+It then adds the weight gradients of a small layer around the route (gdnbench/bench/modes/layer.py),
 budgeted the same way.
 """
 
@@ -26,8 +26,10 @@ import math
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Callable
 
-from .check import Oracle, Verdict, budget, judge, make_oracle, rel_rms, storage_precision
-from .shapes import Shape
+from ...oracle.check import Oracle, Verdict, budget, judge, make_oracle, rel_rms, storage_precision
+from ...data.shapes import Shape
+from ...vocab import MEGATRON_ROUTES
+from .routes import megatron_forward
 
 if TYPE_CHECKING:
     import torch
@@ -35,7 +37,6 @@ if TYPE_CHECKING:
     from .layer import LayerOracle
 
 GRADS = ("q", "k", "v", "g", "beta")
-MEGATRON_ROUTES = ("megatron", "megatron_flag")
 COTANGENT_SEED_OFFSET = 7919  # cotangents come from their own stream, not the inputs'
 
 
@@ -55,20 +56,6 @@ def with_leaves(inputs):
     leaf = lambda t: t.detach().clone().requires_grad_()  # noqa: E731
     return replace(inputs, q=leaf(inputs.q), k=leaf(inputs.k), v=leaf(inputs.v), g=leaf(inputs.g),
                    beta=leaf(inputs.beta))
-
-
-def megatron_forward(backend, shape: Shape, inputs, qk, flag: bool) -> Callable[[], tuple]:
-    """Megatron's composition around `backend.kernel`: normalize the fused q|k (unless the kernel's
-    flag does it), split, repeat_interleave q/k heads to HV, kernel with H = HV."""
-    kern = backend.kernel(shape, inputs, flag)
-    H, group = shape.H, shape.HV // shape.H
-
-    def call():
-        x = qk if flag else backend.caller_l2norm(qk)
-        q, k = x.split(H, dim=2)
-        return kern(q.repeat_interleave(group, dim=2), k.repeat_interleave(group, dim=2))
-
-    return call
 
 
 def training_step(forward: Callable[[], tuple], leaves: tuple, do, dstate) -> Callable[[], tuple]:
@@ -152,7 +139,7 @@ def reference_step(inputs, do, dstate, dtype, tf32: bool = False):
     lower precision: the leaves keep the storage dtype, as a kernel's gradients do."""
     import torch
 
-    from .reference import recurrence
+    from ...oracle.reference import recurrence
 
     cast = (lambda t: t.detach().to(torch.float64)) if dtype == torch.float64 else (lambda t: t.detach().clone())
     leaves = [cast(getattr(inputs, n)).requires_grad_() for n in GRADS]
@@ -169,7 +156,7 @@ def build_grad_oracle(check_shape: Shape, inputs, full_shape: Shape) -> GradOrac
     the same for the small layer's gradients."""
     import torch
 
-    from . import layer  # here, not at the top: layer imports this module
+    from . import layer
 
     do, dstate = cotangents(check_shape, inputs)
     o64, s64, g64 = reference_step(inputs, do, dstate, torch.float64)

@@ -17,7 +17,7 @@ import math
 from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING
 
-from .shapes import Shape
+from ..data.shapes import Shape
 
 if TYPE_CHECKING:
     import torch

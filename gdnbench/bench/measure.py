@@ -13,8 +13,8 @@ from types import SimpleNamespace
 from typing import Callable
 
 from . import timing
-from .backends.base import Backend, one_line
-from .shapes import Shape
+from ..backends.base import Backend, one_line
+from ..data.shapes import Shape
 
 
 def base_row(shape: Shape, backend: str, route: str, mode: str, status: str, reason: str = "", **extra) -> dict:
@@ -49,19 +49,19 @@ def _mode_ops(mode: str) -> SimpleNamespace:
     The rest of a row's life is the same for every mode."""
     same = dict(finish=lambda row, shape: None, stateful=False)
     if mode == "fwd_bwd":
-        from . import layer, train
+        from .modes import layer, train
 
         return SimpleNamespace(prepare=train.prepare_step, oracle=train.build_grad_oracle, judge=train.judge_step,
                                judge_layer=layer.judge_route, finite=train.finite, extras=train.row_extras,
                                nan_reason="NaN/Inf in the output or gradients on the full input", **same)
     if mode == "decode":
-        from . import decode
+        from .modes import decode
 
         return SimpleNamespace(prepare=decode.prepare_step, oracle=decode.build_oracle, judge=decode.judge_step,
                                judge_layer=_no_layer, finite=decode.finite, extras=lambda fn, device: {},
                                finish=decode.finish, stateful=True,
                                nan_reason="NaN/Inf in the output or the state pool on the full input")
-    from .check import build_oracle, judge
+    from ..oracle.check import build_oracle, judge
 
     return SimpleNamespace(prepare=lambda b, shape, r, inputs: b.prepare(shape, r, inputs), oracle=build_oracle,
                            judge=lambda oracle, out: judge(oracle, out[0], out[1]), judge_layer=_no_layer,
@@ -73,7 +73,7 @@ def measure_shape(shape: Shape, backends: list[Backend], routes: list[str], mode
                   check_tokens: int, params: timing.TimingParams, emit: Callable[[dict], None]) -> None:
     import torch
 
-    from .inputs import make_inputs
+    from ..data.inputs import make_inputs
 
     active: list[tuple[Backend, str]] = []
     for b in backends:

@@ -1,6 +1,6 @@
 """Our chunked Gated DeltaNet forward with its last two stages written in Helion.
 
-Conventions as :func:`gdnbench.ops.chunk_gdn` (FLA 0.6.0 ``chunk_gated_delta_rule``): q, k [B,T,H,K];
+Conventions as :func:`gdnbench.kernels.ops.chunk_gdn` (FLA 0.6.0 ``chunk_gated_delta_rule``): q, k [B,T,H,K];
 v [B,T,HV,V] (HV % H == 0, value head i reads key head i // (HV // H)); g natural-log decay per token
 and beta (post-sigmoid) [B,T,HV]; states [N,HV,K,V] fp32; packed varlen: B == 1 with int64
 cu_seqlens [N+1].
@@ -9,10 +9,10 @@ Stages (chunk size 64), and which of them run in Helion:
 
 - ``l2norm`` (Helion, routes ``flag`` and ``fused_q`` (k only)): ``x / sqrt(sum x^2 + 1e-6)`` in fp32,
   FLA's convention; a row whose sum of squares reaches 2^100 is normalized from a pre-scaled sum
-  (as gdnbench.ops.l2norm), so huge rows come out normalized instead of 0.
+  (as gdnbench.kernels.ops.l2norm), so huge rows come out normalized instead of 0.
 - gate cumsum + beta K K^T gram + (I + A)^-1 solve, and w / u: our Triton kernels
-  (:func:`gdnbench.ops.gram_solve`, :func:`gdnbench.ops.recompute_wu`) at their default configs;
-  for KDA (per-channel g [B,T,HV,K]) :func:`gdnbench.ops.kda_intra` (per-channel cumsum, the gated
+  (:func:`gdnbench.kernels.ops.gram_solve`, :func:`gdnbench.kernels.ops.recompute_wu`) at their default configs;
+  for KDA (per-channel g [B,T,HV,K]) :func:`gdnbench.kernels.ops.kda_intra` (per-channel cumsum, the gated
   K K^T and Q K^T grams, the solve) and recompute_wu, which also writes kg = k * exp2(c_last - c).
 - ``state`` (Helion): the inter-chunk recurrence. One program owns a [K, BV] slab of one
   (sequence, value head) state and walks the sequence's chunks in order (decays in log2 units,
@@ -58,7 +58,7 @@ SSQ_BIG = 2.0**100  # a row's sum of squares at or above this is taken from the 
 SSQ_LO = 2.0**-70  # the pre-scale (a power of two: exact)
 STAGES = ("l2norm", "state", "output", "state_kda", "output_kda")  # the Helion kernels, by name
 def _dot_precision(dtype: torch.dtype) -> str:
-    """fp32 operands: three tf32 products (about fp32), as gdnbench.ops does; 16-bit: tf32 (unused)."""
+    """fp32 operands: three tf32 products (about fp32), as gdnbench.kernels.ops does; 16-bit: tf32 (unused)."""
     return "tf32x3" if dtype == torch.float32 else "tf32"
 
 

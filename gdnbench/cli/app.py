@@ -15,10 +15,11 @@ from typing import Optional
 import typer
 from rich.console import Console
 
-from . import report as rep
-from . import shapes as shp
-from .backends.base import one_line
-from .results import ResultsError
+from ..analysis import report as rep
+from ..data import shapes as shp
+from ..backends.base import one_line
+from ..data.results import ResultsError
+from .tables import print_tables
 
 app = typer.Typer(add_completion=False, no_args_is_help=True,
                   help="Correctness-gated benchmarks of GDN / KDA linear-attention backends and q/k-norm routes.")
@@ -43,9 +44,9 @@ def _fail(msg: str, code: int = EXIT_BAD_INPUT):
 
 
 def _domain_errors():
-    from .backends import UnknownBackend
-    from .calibrate import CalibrationError
-    from .roofline import RooflineError
+    from ..backends import UnknownBackend
+    from ..analysis.calibrate import CalibrationError
+    from ..analysis.roofline import RooflineError
 
     return (shp.ShapeError, ResultsError, rep.CompareError, UnknownBackend, UsageError, CalibrationError,
             RooflineError)
@@ -65,11 +66,6 @@ def _split(values: Optional[list[str]]) -> list[str]:
     for v in values or []:
         out += [x.strip() for x in v.split(",") if x.strip()]
     return out
-
-
-def _print_tables(tables):
-    for t in tables:
-        console.print(rep.to_rich(t))
 
 
 @app.command()
@@ -112,7 +108,7 @@ def run(
     with _bad_input_exits():
         _helion_options(helion_effort, helion_examples)
         if resume is not None:
-            from . import results
+            from ..data import results
 
             prior = results.load(resume)
             run0, t0 = prior.get("run") or {}, prior["timing"]
@@ -156,10 +152,10 @@ def _resolve_device(device: str) -> str:
 
 def _run(shapes, backends, routes, shape_ids, mode, device, out, l2, warmup, rounds, iters, check_tokens, isolate,
          plot_chart, worker_timeout, resume=None):
-    from . import backends as registry
-    from . import results
-    from .runner import run_set
-    from .timing import TimingParams
+    from .. import backends as registry
+    from ..data import results
+    from ..bench.runner import run_set
+    from ..bench.timing import TimingParams
 
     if l2 not in ("warm", "cold"):
         raise UsageError(f"--l2 {l2!r}: use warm or cold")
@@ -208,7 +204,7 @@ def _run(shapes, backends, routes, shape_ids, mode, device, out, l2, warmup, rou
             path = resume
             if not wanted:
                 console.print(f"nothing to resume: every shape of {resume} has its rows")
-                _print_tables(rep.report_tables(prior))
+                print_tables(console, rep.report_tables(prior))
                 continue
             console.print(f"resuming {resume}: {len(wanted)} shape(s) to measure: {', '.join(wanted)}")
         started = time.monotonic()
@@ -226,12 +222,12 @@ def _run(shapes, backends, routes, shape_ids, mode, device, out, l2, warmup, rou
             doc = results.make_document(env, ss, params.describe(), run_info, rows, stamp)
         written = results.write_atomic(doc, Path(path))
         console.print(f"[green]wrote[/green] {written}")
-        _print_tables(rep.report_tables(doc))
+        print_tables(console, rep.report_tables(doc))
         console.print(f"{len(wanted)} shape(s) in {wall:.0f} s: oracles {spent['oracle']:.0f} s, checks (first calls "
                       f"included) {spent['check']:.0f} s, timing {spent['timing']:.0f} s, the rest (worker start, "
                       f"imports, inputs) {max(wall - sum(spent.values()), 0):.0f} s", highlight=False)
         if plot_chart and any(r["status"] == "ok" for r in doc["rows"]):
-            from .plot import plot
+            from ..analysis.plot import plot
 
             console.print(f"[green]chart[/green] {plot(doc, Path(written).with_suffix('.png'), mode=mode)}")
         if interrupted:
@@ -274,7 +270,7 @@ def report(
                                                   "mode)."),
 ):
     """Tables per shape, ratios to a baseline, geomean ratios with counts and exclusions."""
-    from . import results
+    from ..data import results
 
     with _bad_input_exits():
         doc = results.load(file)
@@ -285,7 +281,7 @@ def report(
         pairs = rep.standard_pairs(rep.rows_of_mode(doc, mode)) + _split(pair) if pair else None
         tables = rep.report_tables(doc, baseline, pairs, mode)
         tables += _roofline_tables(doc, mode) if mode in ("fwd", "decode") else []
-    _print_tables(tables)
+    print_tables(console, tables)
     if markdown:
         markdown.write_text(rep.to_markdown(tables))
         console.print(f"[green]wrote[/green] {markdown}")
@@ -299,7 +295,7 @@ def _check_baseline(doc: dict, baseline: Optional[str]) -> None:
 
 
 def _calibration_for(doc: dict, file) -> dict:
-    from .calibrate import load_for_doc
+    from ..analysis.calibrate import load_for_doc
 
     calib = load_for_doc(doc)
     if calib is None:
@@ -309,8 +305,8 @@ def _calibration_for(doc: dict, file) -> dict:
 
 def _roofline_tables(doc: dict, mode: str = "fwd") -> list:
     """The distance of each row to its roofline floor, when the run's GPU has a calibration."""
-    from . import calibrate
-    from .roofline import roofline_table
+    from ..analysis import calibrate
+    from ..analysis.roofline import roofline_table
 
     calib = calibrate.load_for_doc(doc)
     if calib is None:
@@ -324,7 +320,7 @@ def _roofline_tables(doc: dict, mode: str = "fwd") -> list:
 @app.command()
 def calibrate():
     """Measure this GPU's copy bandwidth and bf16 matmul rate for the roofline (results/<gpu>/calibration.json)."""
-    from . import calibrate as cal
+    from ..analysis import calibrate as cal
 
     try:
         calib = cal.measure()
@@ -342,11 +338,11 @@ def compare(
     backends: Optional[list[str]] = typer.Option(None, "--backends", "-b", help="Only these backends."),
 ):
     """Match rows of two runs of the same shape set; per-row and geomean B/A ratios."""
-    from . import results
+    from ..data import results
 
     with _bad_input_exits():
         tables = rep.compare(results.load(a), results.load(b), backends=_split(backends) or None)
-    _print_tables(tables)
+    print_tables(console, tables)
     if markdown:
         markdown.write_text(rep.to_markdown(tables))
 
@@ -360,8 +356,8 @@ def plot(
     roofline: bool = typer.Option(False, help="Chart each shape's best route as a fraction of its roofline floor."),
 ):
     """Grouped bars of time per shape for each backend:route, with a ratio panel (or --roofline)."""
-    from . import results
-    from .plot import plot as draw
+    from ..data import results
+    from ..analysis.plot import plot as draw
 
     if kind not in rep.TIME_KINDS:
         _fail(f"--kind {kind!r}: use gpu or wall")
@@ -371,7 +367,7 @@ def plot(
         calib = _calibration_for(doc, file) if roofline else None
     try:
         if calib is not None:
-            from .roofline import roofline_chart
+            from ..analysis.roofline import roofline_chart
 
             path = roofline_chart(doc, calib, out, kind, mode=rep.run_mode(doc))
         else:
@@ -446,8 +442,8 @@ def env(device: str = typer.Option("auto", help="auto, cuda or cpu."),
 
     from rich.table import Table
 
-    from . import backends as registry
-    from . import results
+    from .. import backends as registry
+    from ..data import results
 
     if helion_examples is not None:
         os.environ["GDNBENCH_HELION_EXAMPLES"] = str(helion_examples.expanduser().resolve())
@@ -478,7 +474,7 @@ def env(device: str = typer.Option("auto", help="auto, cuda or cpu."),
     console.print(bt)
 
 
-from .cli_autotune import register as _register_autotune  # noqa: E402  (keeps its imports lazy)
+from .autotune import register as _register_autotune  # noqa: E402  (keeps its imports lazy)
 
 _register_autotune(app)
 

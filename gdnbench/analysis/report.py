@@ -13,7 +13,7 @@ import math
 from dataclasses import dataclass, field
 
 TIME_KINDS = ("wall", "gpu")
-MODES = ("fwd", "fwd_bwd", "decode")
+from ..vocab import ALL_ROUTES, MODES, ROUTES  # noqa: F401  (MODES: the report command checks --mode)
 MODE_TITLES = {"fwd_bwd": " (one forward + backward step)", "decode": " (one decode step)"}
 MB = 1e6
 
@@ -74,7 +74,7 @@ def shape_ids(doc: dict) -> list[str]:
 
 
 BACKEND_ORDER = ("fla", "gdnbench", "gdnbench-default", "helion", "helion-linear", "flashinfer", "reference")
-ROUTE_ORDER = ("explicit", "flag", "fused_q", "fused_qk", "megatron", "megatron_flag")
+ROUTE_ORDER = ALL_ROUTES
 
 
 def keys_present(doc: dict) -> list[tuple[str, str]]:
@@ -139,7 +139,7 @@ def standard_pairs(doc: dict) -> list[str]:
             pairs.append(f"{b}:megatron_flag/{b}:megatron")
     ours = "gdnbench"
     if ours in backends and "gdnbench-default" in backends:  # the autotune's gain: tuned / default configs
-        pairs += [f"{ours}:{r}/gdnbench-default:{r}" for r in ("explicit", "flag", "fused_q", "fused_qk")
+        pairs += [f"{ours}:{r}/gdnbench-default:{r}" for r in ROUTES
                   if (ours, r) in have and ("gdnbench-default", r) in have]
         pairs.append(f"{ours}:best/gdnbench-default:best")
     for other in ("fla", "helion", "helion-linear", "flashinfer"):
@@ -310,11 +310,11 @@ def layer_table(doc: dict) -> Table:
         rows.append([r["shape_id"], f"{r['backend']}:{r['route']}", r["status"]]
                     + [f"{layer[n]['err']:.1e} / {layer[n]['budget']:.1e}" if n in layer else "-" for n in names])
     widths = sorted({r["check"].get("layer_width") for r in rows_with} - {None})
-    notes = [f"layer (gdnbench/layer.py): hidden size D = {', '.join(map(str, widths)) or '?'}; y = attention(q|k = "
+    notes = [f"layer (gdnbench/bench/modes/layer.py): hidden size D = {', '.join(map(str, widths)) or '?'}; y = attention(q|k = "
              "x W_qk, v = x W_v, g = gate(x W_a), beta = sigmoid(x W_b)) W_o; columns: d(loss)/d(weight), d(loss)/dx",
              "two routes' gradients differ by at most the sum of their errors (relative to the fp64 gradient)"]
     if not rows_with:
-        notes = ["no row has layer gradients (none reached the gate, or a file from before gdnbench/layer.py)"]
+        notes = ["no row has layer gradients (none reached the gate, or a file from before gdnbench/bench/modes/layer.py)"]
     return Table("layer gradient gate (rel-RMS error / budget vs the fp64 layer; budget = 2 x error of the layer "
                  "at storage precision)", ["shape", "backend:route", "status"] + [f"d{n}" for n in names], rows, notes)
 
@@ -370,7 +370,7 @@ def decode_table(doc: dict) -> Table:
                      _fmt_us(median(r, "gpu")), _gbps(gb.get("gpu")), _fmt_us(median(r, "wall")), _gbps(gb.get("wall"))])
     notes = ["GB/s = bytes the step must move / median time: q, k, v, gates and o once, the N states read and "
              "written once at the pool's dtype, the int64 indices, + the route's standalone l2norm passes "
-             "(gdnbench/roofline.py); a backend that gathers and scatters its states moves more than that",
+             "(gdnbench/analysis/roofline.py); a backend that gathers and scatters its states moves more than that",
              "with a warm L2 the small-N steps can exceed DRAM bandwidth (--l2 cold flushes it before each call)"]
     return Table("decode step: time and achieved bandwidth", ["shape", "backend:route", "MB/step", "gpu µs",
                                                               "GB/s gpu", "wall µs", "GB/s wall"], rows, notes)

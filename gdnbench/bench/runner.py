@@ -1,7 +1,7 @@
 """Run a shape set: one worker subprocess per shape, crash isolation, rows streamed back.
 
 An illegal memory access poisons the whole CUDA context, so a shape's backends run in
-a child process (`python -m gdnbench.runner TASK.json`) that writes each row as a JSON
+a child process (`python -m gdnbench.bench.runner TASK.json`) that writes each row as a JSON
 line the moment it exists. If the child dies, the rows it wrote are kept, each backend
 with missing rows is run again alone in a fresh child, and what is still missing
 becomes an `error` row carrying the tail of the child's stderr.
@@ -19,12 +19,12 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Callable
 
-from . import backends as registry
+from .. import backends as registry
 from .measure import base_row, measure_shape
-from .shapes import Shape, ShapeSet, load_file
+from ..data.shapes import Shape, ShapeSet, load_file
 from .timing import TimingParams
 
-PKG_PARENT = str(Path(__file__).resolve().parent.parent)
+PKG_PARENT = str(Path(__file__).resolve().parents[2])
 DEFAULT_WORKER_TIMEOUT_S = 1800
 
 
@@ -62,7 +62,7 @@ def _run_child(task: dict, timeout_s: float, on_row: Callable[[dict], None], dev
         task_path.write_text(json.dumps(task))
         rows: list[dict] = []
         with open(err_path, "w") as err:
-            proc = subprocess.Popen([sys.executable, "-m", "gdnbench.runner", str(task_path)],
+            proc = subprocess.Popen([sys.executable, "-m", "gdnbench.bench.runner", str(task_path)],
                                     stdout=err, stderr=subprocess.STDOUT, env=worker_env(device, env))
             start = time.monotonic()
             while True:

@@ -17,7 +17,7 @@ import datetime as _dt
 import statistics
 from pathlib import Path
 
-from .results import read_json, slug, write_atomic
+from ..data.results import read_json, slug, write_atomic
 
 CALIB_SCHEMA = 1
 CALIB_FILE = "calibration.json"
@@ -32,7 +32,7 @@ class NoCudaError(RuntimeError):
 
 
 def _results_dir() -> Path:
-    from .results import RESULTS_DIR
+    from ..data.results import RESULTS_DIR
 
     return RESULTS_DIR
 
@@ -103,7 +103,7 @@ def measure(device: str = "cuda", copy_bytes: int = 2 * 2**30, matmul_n: int = 8
 def _context(dev) -> dict:
     import torch
 
-    from .results import _nvidia_smi
+    from ..data.results import _nvidia_smi
 
     p = torch.cuda.get_device_properties(dev)
     smi = _nvidia_smi()

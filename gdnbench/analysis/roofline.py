@@ -1,7 +1,7 @@
 """Roofline floor of a forward call or a decode step: the fewest bytes it must move and the FLOPs it must do.
 
 No torch, no GPU: everything here follows from the shape (and the route), plus a calibration
-(`gdnbench.calibrate`: the GPU's measured copy bandwidth and bf16 matmul rate).
+(`gdnbench.analysis.calibrate`: the GPU's measured copy bandwidth and bf16 matmul rate).
 
 Notation
 --------
@@ -15,7 +15,7 @@ Bytes floor ("fewest bytes"): every input read once, every output written once
     v          T*HV*V*e
     g          T*HV*4          (GDN: one fp32 log-decay per token and value head)
                T*HV*K*4        (KDA: per channel)
-    beta       T*HV*e          (post-sigmoid, storage dtype, as gdnbench.inputs draws it)
+    beta       T*HV*e          (post-sigmoid, storage dtype, as gdnbench.data.inputs draws it)
     h0         N*HV*K*V*4      (fp32, only when the shape has initial states)
     o          T*HV*V*e
     h_T        N*HV*K*V*4      (fp32 final state: the benchmark always asks for it)
@@ -112,10 +112,10 @@ import math
 import re
 from dataclasses import dataclass, field
 
-from .shapes import Shape, ShapeError
+from ..data.shapes import Shape, ShapeError
+from ..vocab import DTYPE_BYTES
 
 CHUNK = 64
-DTYPE_BYTES = {"bfloat16": 2, "float16": 2, "float32": 4}
 FP32 = 4
 # standalone l2norm passes per route (each: read the tensor, write the normalized copy)
 ROUTE_L2_PASSES = {"explicit": ("q", "k"), "flag": ("q", "k"), "fused_q": ("k",), "fused_qk": (), "none": ()}
@@ -360,7 +360,7 @@ def shapes_for_doc(doc: dict, shape_set=None) -> tuple[dict[str, Shape], list[st
     """The shapes of a results document: from `shape_set` if given, else the set of that name
     under shapes/ when its hash matches the document's, else read from the labels (approximate;
     said in the notes)."""
-    from . import shapes as shp
+    from ..data import shapes as shp
 
     meta = doc.get("shape_set", {})
     notes: list[str] = []

@@ -7,12 +7,12 @@ of the seeded pool (made here, outside the timed region): the gate judges a firs
 seeded pool, while the timed closure keeps stepping its own copy.
 
 The gate: the output and the N updated states against the fp64 one-token recurrence from the same
-states (gdnbench.reference.decode_step), with check.py's budgets (2 x the error of the same step at
+states (gdnbench.oracle.reference.decode_step), with check.py's budgets (2 x the error of the same step at
 the storage precision; that run's states are rounded to the pool's dtype, the rounding any kernel
 storing a bf16 pool must pay). The returned pool must have the shape's state dtype, and every slot
 outside the step's indices must come back bit-identical.
 
-Rows add `step_bytes` (gdnbench.roofline's decode byte model: what the step must move) and `gbps`
+Rows add `step_bytes` (gdnbench.analysis.roofline's decode byte model: what the step must move) and `gbps`
 (step_bytes / median time, per time kind).
 """
 
@@ -22,8 +22,8 @@ import dataclasses
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Callable
 
-from .check import Oracle, Verdict, judge, make_oracle, storage_precision
-from .shapes import Shape
+from ...oracle.check import Oracle, Verdict, judge, make_oracle, storage_precision
+from ...data.shapes import Shape
 
 if TYPE_CHECKING:
     import torch
@@ -45,8 +45,8 @@ class DecodeOracle:
 def build_oracle(check_shape: Shape, inputs, full_shape: Shape) -> DecodeOracle:
     import torch
 
-    from .inputs import torch_dtype
-    from .reference import decode_step
+    from ...data.inputs import torch_dtype
+    from ...oracle.reference import decode_step
 
     idx = inputs.state_indices
     states = inputs.state_pool.index_select(0, idx)
@@ -87,7 +87,7 @@ def finite(out) -> bool:
 
 def finish(row: dict, shape: Shape) -> None:
     """An ok row's bytes per step and achieved GB/s on each time it has."""
-    from .roofline import ROUTE_L2_PASSES, bytes_floor
+    from ...analysis.roofline import ROUTE_L2_PASSES, bytes_floor
 
     if row["route"] not in ROUTE_L2_PASSES:
         row["step_bytes"], row["gbps"] = None, None

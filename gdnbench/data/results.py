@@ -19,7 +19,7 @@ from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 
 SCHEMA_VERSION = 1
-REPO_ROOT = Path(__file__).resolve().parent.parent
+REPO_ROOT = Path(__file__).resolve().parents[2]
 RESULTS_DIR = REPO_ROOT / "results"
 ROW_STATUSES = ("ok", "skipped", "incorrect", "error")
 
@@ -81,7 +81,7 @@ def capture_env(device: str) -> dict:
         "device": device,
         "fla_dispatch_disabled": os.environ.get("FLA_DISABLE_BACKEND_DISPATCH", "1") == "1",
     }
-    from . import __version__
+    from .. import __version__
 
     env["versions"]["gdnbench"] = __version__
     try:

@@ -18,6 +18,8 @@ from typing import Optional
 import typer
 from rich.console import Console
 
+from ..vocab import FAMILIES
+
 EXIT_BAD_INPUT = 2
 EXIT_NO_DEVICE = 3
 EXIT_INTERRUPTED = 130
@@ -53,7 +55,7 @@ def _pick(values: Optional[list[str]], known: tuple, what: str) -> list[str]:
 
 def select_shapes(set_names: list[str], shape_ids: list[str], family: str) -> list[tuple[str, object]]:
     """(set path, shape) pairs to tune: the sets' shapes of ``family`` (gdn, kda or all)."""
-    from . import shapes as shp
+    from ..data import shapes as shp
 
     pairs = []
     for name in set_names:
@@ -67,8 +69,8 @@ def select_shapes(set_names: list[str], shape_ids: list[str], family: str) -> li
 def relaunch_command(argv: list[str], nproc: int) -> list[str]:
     """The torchrun command (through :func:`torchrun_main`) that runs this autotune with ``nproc``
     ranks on this node."""
-    return [sys.executable, "-m", "gdnbench.cli_autotune", "torchrun", "--standalone", f"--nproc-per-node={nproc}",
-            "-m", "gdnbench.cli_autotune", "autotune", *argv]
+    return [sys.executable, "-m", "gdnbench.cli.autotune", "torchrun", "--standalone", f"--nproc-per-node={nproc}",
+            "-m", "gdnbench.cli.autotune", "autotune", *argv]
 
 
 def torchrun_main(args: list[str]) -> int:
@@ -137,7 +139,7 @@ def _resolve_device(device: str, dry_run: bool) -> str:
 def _print_dry_run(rows: list[dict], cache_dir: Optional[Path]) -> None:
     """One block per search: what it tunes, its counts and strategy, where it is cached, then each
     dimension's values."""
-    from .autotune import fmt_values
+    from ..autotune.report import fmt_values
 
     for r in rows:
         strat = "exhaustive" if r["strategy"] == "exhaustive" else f"coordinate descent (≤{r['per_pass']} per pass)"
@@ -156,7 +158,8 @@ def _print_dry_run(rows: list[dict], cache_dir: Optional[Path]) -> None:
 def _run_with_progress(shapes, tasks, opts, dist, tally):
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
-    from . import autotune as at
+    from ..autotune import tune as at_tune
+    from ..kernels import tuned
 
     show = dist.rank == 0
     with Progress(TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
@@ -189,13 +192,13 @@ def _run_with_progress(shapes, tasks, opts, dist, tally):
                                        f"{e['search']['evaluated']} evaluated -> {info['path']}", highlight=False)
             elif kind == "cached" and show:
                 t = info["task"]
-                progress.console.print(f"skipped {t.kernel}[{t.variant}] {at.tuned.shape_key(info['shape'])}: "
+                progress.console.print(f"skipped {t.kernel}[{t.variant}] {tuned.shape_key(info['shape'])}: "
                                        f"{info['reason']}", markup=False, highlight=False)
             elif kind == "skip" and show:
                 progress.console.print(f"[red]failed[/red] {info['shape'].id}: {len(info['tasks'])} searches not "
                                        f"run: {info['reason']}", highlight=False)
 
-        return at.tune(shapes, tasks, opts, dist, on_event)
+        return at_tune.tune(shapes, tasks, opts, dist, on_event)
 
 
 def _summary(tally, wall_s: float, world: int = 1) -> str:
@@ -257,7 +260,7 @@ def register(app: typer.Typer) -> None:
             _report(cache_dir, plot)
             return
         try:
-            fam = _pick([family], ("gdn", "kda", "all"), "--family")[0]
+            fam = _pick([family], FAMILIES + ("all",), "--family")[0]
             kernel_l = _pick(kernels, _known_kernels(), "--kernels")
             route_l = _pick(routes, _known_routes(), "--routes")
             if shard not in ("searches", "candidates"):
@@ -277,11 +280,12 @@ def register(app: typer.Typer) -> None:
             _fail(str(e))
         if not pairs:
             _fail(f"no {'' if fam == 'all' else fam + ' '}shapes selected in {', '.join(set_names)}")
-        from . import autotune as at
+        from ..autotune import dist as at_dist, plan as at_plan, report as at_report
+        from ..kernels import tuned
 
         tasks = []
         for f in dict.fromkeys(s.family for _, s in pairs):
-            planned = at.plan_tasks(route_l, kernel_l, f)
+            planned = at_plan.plan_tasks(route_l, kernel_l, f)
             if not planned:  # e.g. --kernels gram on kda shapes, which run kda_intra
                 n = sum(1 for _, s in pairs if s.family == f)
                 console.print(f"[yellow]{n} {f} shape(s) left out: --kernels {','.join(kernel_l)} are not run by "
@@ -290,8 +294,8 @@ def register(app: typer.Typer) -> None:
         if not tasks:
             _fail(f"--kernels {','.join(kernel_l)} are not run by --routes {','.join(route_l)}")
         if dry_run:
-            root = None if retune else (cache_dir or at.tuned.TUNED_DIR)
-            _print_dry_run(at.dry_run_rows([s for _, s in pairs], tasks, exhaustive_max, root), root)
+            root = None if retune else (cache_dir or tuned.TUNED_DIR)
+            _print_dry_run(at_report.dry_run_rows([s for _, s in pairs], tasks, exhaustive_max, root), root)
             return
         if nproc_per_node > 1 and RANK_ENV not in os.environ:
             opts = dict(shapes=",".join(_split(shapes)) or None, shape_id=",".join(_split(shape_ids)) or None,
@@ -300,17 +304,17 @@ def register(app: typer.Typer) -> None:
                         check_tokens=check_tokens, warmup=warmup, rounds=rounds, iters=iters, timeout=timeout,
                         retune=retune, compile_workers=compile_workers, seeds=seeds, shard=shard)
             _relaunch(_argv(opts), nproc_per_node, started)
-        opts = at.TuneOptions(device=dev, budget_s=budget, exhaustive_max=exhaustive_max, min_gain=min_gain,
+        opts = at_plan.TuneOptions(device=dev, budget_s=budget, exhaustive_max=exhaustive_max, min_gain=min_gain,
                               check_tokens=check_tokens or (8192 if dev == "cuda" else 1024), warmup=warmup,
                               rounds=rounds, iters=iters, timeout_s=timeout,
-                              cache_dir=cache_dir or at.tuned.TUNED_DIR, retune=retune, seeds=seeds,
+                              cache_dir=cache_dir or tuned.TUNED_DIR, retune=retune, seeds=seeds,
                               shard=shard)
-        dist = at.torch_dist()
-        opts.compile_workers = (at.default_compile_workers(dev, at.ranks_on_node(dist)) if compile_workers is None
+        dist = at_dist.torch_dist()
+        opts.compile_workers = (at_dist.default_compile_workers(dev, at_dist.ranks_on_node(dist)) if compile_workers is None
                                 else compile_workers)
-        tally = at.Tally()
+        tally = at_report.Tally()
         try:
-            entries = _run_with_progress(at.unique_shapes_pairs(pairs), tasks, opts, dist, tally)
+            entries = _run_with_progress(at_plan.unique_shapes_pairs(pairs), tasks, opts, dist, tally)
         except KeyboardInterrupt:
             if dist.rank == 0:
                 who = " by rank 0 (every rank saves its own)" if dist.world > 1 and opts.shard == "searches" else ""
@@ -319,7 +323,7 @@ def register(app: typer.Typer) -> None:
             raise typer.Exit(EXIT_INTERRUPTED)
         tallies = dist.all_gather(tally)
         if dist.rank == 0:
-            total = at.Tally.sum(tallies)
+            total = at_report.Tally.sum(tallies)
             console.print(f"{len(entries)} searches written under {opts.cache_dir}")
             console.print(_summary(total, time.monotonic() - started, dist.world)
                           + (f"; {dist.world} ranks sharing {opts.shard}" if dist.world > 1 else "; 1 rank") + ", "
@@ -328,38 +332,39 @@ def register(app: typer.Typer) -> None:
 
 def _report(cache_dir: Optional[Path], plot_dir: Optional[Path]) -> None:
     """The tuning cache as a table (and charts): what `gdnbench autotune --report` prints."""
-    from . import autotune as at
-    from .cli import _print_tables
+    from ..autotune import report as at_report
+    from ..kernels import tuned
+    from .tables import print_tables
 
-    root = cache_dir or at.tuned.TUNED_DIR
-    table = at.report_table(root)
+    root = cache_dir or tuned.TUNED_DIR
+    table = at_report.report_table(root)
     if not table.rows:
         _fail(f"no tuning cache entries under {root}")
-    _print_tables([table])
+    print_tables(console, [table])
     if plot_dir is not None:
         for path in sorted(Path(root).glob("*/*.json")):
-            for e in at.tuned.load_entries(path):
+            for e in tuned.load_entries(path):
                 name = f"{path.parent.name}_{e['kernel']}_{e['variant']}_{e['key']['shape_key']}.png"
                 try:
-                    console.print(f"chart {at.chart(e, Path(plot_dir) / name)}")
+                    console.print(f"chart {at_report.chart(e, Path(plot_dir) / name)}")
                 except ValueError as err:  # no ok candidates: say so, keep going
                     console.print(f"[yellow]{name}: {err}[/yellow]")
 
 
 def _known_kernels() -> tuple:
-    from .tuned import KERNELS
+    from ..kernels.tuned import KERNELS
 
     return KERNELS
 
 
 def _known_routes() -> tuple:
-    from .tuned import ROUTES
+    from ..kernels.tuned import ROUTES
 
     return ROUTES
 
 
 def _domain_errors():
-    from .shapes import ShapeError
+    from ..data.shapes import ShapeError
 
     return (_Bad, ShapeError)
 

@@ -12,7 +12,7 @@ default, so every set frozen before them keeps its hash.
 Decode shapes (`decode = true`, mode decode): one new token for each of N = B sequences,
 `lens = [1]`; the sequences' states live in a pool of `pool` slots (default B) at
 `state_dtype` (float32 default; other dtypes only for decode shapes), read and updated in place
-at seeded distinct slot indices (gdnbench.inputs).
+at seeded distinct slot indices (gdnbench.data.inputs).
 
 No torch import here: `gdnbench shapes ...` and the tests run anywhere.
 """
@@ -26,12 +26,12 @@ import tomllib
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-SHAPES_DIR = Path(__file__).resolve().parent.parent / "shapes"
+from ..vocab import DTYPES, FAMILIES  # noqa: F401
+
+SHAPES_DIR = Path(__file__).resolve().parents[2] / "shapes"
 FROZEN_LEDGER = "frozen.json"
 
-FAMILIES = ("gdn", "kda")
 GATES = {"gdn": "logsigmoid", "kda": "bounded"}
-DTYPES = ("bfloat16", "float16", "float32")
 MAX_HEAD_DIM = 256
 
 

@@ -31,9 +31,10 @@ import math
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Callable
 
-from .check import budget, rel_rms, storage_precision
-from .shapes import Shape
-from .train import MEGATRON_ROUTES, megatron_forward
+from ...oracle.check import budget, rel_rms, storage_precision
+from ...data.shapes import Shape
+from ...vocab import MEGATRON_ROUTES
+from .routes import megatron_forward
 
 if TYPE_CHECKING:
     import torch
@@ -76,7 +77,7 @@ def make_data(shape: Shape, inputs) -> LayerData:
     x ~ N(0, 1) [B,T,D] with the check inputs' B and T, and the cotangents; drawn on the CPU."""
     import torch
 
-    from .inputs import torch_dtype
+    from ...data.inputs import torch_dtype
 
     gen = torch.Generator().manual_seed(shape.seed + LAYER_SEED_OFFSET)
     H, HV, K, V, D = shape.H, shape.HV, shape.K, shape.V, LAYER_WIDTH
@@ -116,7 +117,7 @@ def project(shape: Shape, w: dict):
 def route_attention(backend, shape: Shape, route: str, inputs) -> Callable:
     """(qk, v, g, beta) -> (o, state) through the backend's route: explicit / flag get q and k split
     from the fused projection (H heads, the route normalizes as it always does); the megatron routes
-    reuse train.megatron_forward on the fused tensor."""
+    reuse routes.megatron_forward on the fused tensor."""
     def attention(qk, v, g, beta):
         x = replace(inputs, v=v, g=g, beta=beta)
         if route in MEGATRON_ROUTES:
@@ -129,7 +130,7 @@ def route_attention(backend, shape: Shape, route: str, inputs) -> Callable:
 
 def reference_attention(shape: Shape, inputs, dtype, tf32: bool = False) -> Callable:
     """(qk, v, g, beta) -> (o, state) by the token recurrence at `dtype` (it normalizes q and k)."""
-    from .reference import recurrence
+    from ...oracle.reference import recurrence
 
     def attention(qk, v, g, beta):
         q, k = qk.split(shape.H, dim=2)

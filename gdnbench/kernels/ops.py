@@ -50,8 +50,8 @@ from dataclasses import dataclass
 
 import torch
 
-from .kernels.common import FLAG_BLOCK as _FLAG_BLOCK, l2norm_kernel
-from .kernels.config import (
+from .common import FLAG_BLOCK as _FLAG_BLOCK, l2norm_kernel
+from .config import (
     CHUNK_SIZE,
     DEFAULT_CONFIG,
     ONE_PASS_MAX_K,
@@ -66,11 +66,11 @@ from .kernels.config import (
     state_piece,
     validate,
 )
-from .kernels.intra import gram_solve_kernel, kda_cumsum_kernel, kda_intra_kernel, wu_kernel
-from .kernels.launch import launch
-from .kernels.output import output_kernel
-from .kernels.state import state_kernel
-from .kernels.state_out import aqk_kernel, state_out_kernel
+from .intra import gram_solve_kernel, kda_cumsum_kernel, kda_intra_kernel, wu_kernel
+from .launch import launch
+from .output import output_kernel
+from .state import state_kernel
+from .state_out import aqk_kernel, state_out_kernel
 
 __all__ = [
     "GDNConfig",

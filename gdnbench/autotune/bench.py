@@ -1,0 +1,278 @@
+"""The autotune worker: one candidate per request, gated then timed (`python -m gdnbench.autotune.bench --worker SPEC`).
+
+Candidate. Run in a worker subprocess (one per shape and rank, restarted when it dies, so an
+illegal memory access or a hang costs one candidate, recorded as ``crashed`` / ``timeout``):
+compiled and gated on the whole forward of the shape's family (``chunk_gdn`` or ``chunk_kda``) on
+the kernel's route under the candidate config, against the fp64 recurrence with gdnbench.oracle.check's
+data-derived budget (the rel-RMS error against the default config's output is recorded too); then
+the stage kernel alone is timed by gdnbench.bench.timing: CUDA-graph replay of one stage call on the full
+input (stage inputs precomputed with the default config), median over rounds. Every candidate yields a result with a status
+(ok, incorrect, compile_error, error, crashed, timeout) and a reason; none is dropped.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import statistics
+import sys
+import time
+import traceback
+
+from ..backends.base import one_line
+from ..kernels import tuned
+from .space import dtype_bytes, full_config, Point
+
+
+KERNEL_FUNCTIONS = {"l2norm": "l2norm_kernel", "gram": "gram_solve_kernel", "kda_intra": "kda_intra_kernel",
+                    "wu": "wu_kernel", "state": "state_kernel", "output": "output_kernel",
+                    "output_fused": "output_kernel", "aqk": "aqk_kernel", "state_out": "state_out_kernel"}
+
+
+class _Bench:
+    """Everything one shape's candidates share: inputs, oracle, default outputs, stage inputs."""
+
+    def __init__(self, spec: dict):
+        import torch
+
+        from ..kernels import ops
+        from ..oracle.check import build_oracle
+        from ..data.inputs import make_inputs
+        from ..kernels.config import default_config
+        from ..data.shapes import load_file
+        from ..bench.timing import TimingParams
+
+        self.torch, self.ops = torch, ops
+        self.device = spec["device"]
+        self.shape = load_file(spec["shape_set"]).get(spec["shape_id"])
+        self.params = TimingParams(**spec["params"])
+        s = self.shape
+        self.kda = s.family == "kda"
+        self.base = default_config(s.K, s.V, dtype_bytes(s.dtype), s.family)
+        check_shape = s.shortened(spec["check_tokens"])
+        self.full = make_inputs(s, self.device)
+        self.small = self.full if check_shape is s else make_inputs(check_shape, self.device)
+        self.info = {id(x): (ops.prepare_varlen(x.cu_seqlens) if x.cu_seqlens is not None else None)
+                     for x in (self.full, self.small)}
+        self.oracle = None
+        if not spec.get("warm_only"):
+            with torch.no_grad():
+                self.oracle = build_oracle(check_shape, self.small, s)
+        self._default_o: dict[str, object] = {}
+        self._stage: dict[str, dict] = {}
+
+    def forward(self, inputs, route: str, cfg):
+        """The whole chunk_gdn / chunk_kda forward of a route, as the gdnbench backend runs it."""
+        ops, x = self.ops, inputs
+        kw = dict(scale=x.scale, initial_state=x.initial_state, output_final_state=True, config=cfg)
+        op = ops.chunk_gdn
+        if self.kda:
+            op = ops.chunk_kda
+            kw["lower_bound"] = x.lower_bound
+        if x.cu_seqlens is not None:
+            kw.update(cu_seqlens=x.cu_seqlens, chunk_indices=self.info[id(x)])
+        if route == "explicit":
+            return op(ops.l2norm(x.q, cfg.l2norm), ops.l2norm(x.k, cfg.l2norm), x.v, x.g, x.beta, norm="none", **kw)
+        return op(x.q, x.k, x.v, x.g, x.beta, norm=route, **kw)
+
+    def default_output(self, route: str):
+        if route not in self._default_o:
+            self._default_o[route] = self.forward(self.small, route, self.base)[0]
+        return self._default_o[route]
+
+    def stage_inputs(self, route: str) -> dict:
+        """The inputs of every stage on the full shape, computed once with the default config, chained
+        as ops._forward chains them. KDA: kda_intra also gives Aqk (for the output kernel, which then
+        reads no k), and the state kernel reads w/u's kg as its k, with k's rstd already in it."""
+        if route in self._stage:
+            return self._stage[route]
+        ops, x, cfg, info = self.ops, self.full, self.base, self.info[id(self.full)]
+        fuse_k, fuse_q = route == "fused_qk", route in ("fused_q", "fused_qk")
+        k = x.k if fuse_k else ops.l2norm(x.k)
+        q = x.q if fuse_q else ops.l2norm(x.q)
+        h0 = None if x.initial_state is None else x.initial_state.float().contiguous()
+        aqk = None
+        if self.kda:
+            g_cs, A, aqk, rk = ops.kda_intra(q, k, x.g, x.beta, varlen=info, fuse_k=fuse_k, raw_q=fuse_q, config=cfg)
+        else:
+            g_cs, A, rk, ssq = ops.gram_solve(k, x.g, x.beta, varlen=info, fuse_k=fuse_k, config=cfg)
+        w, u, kg = ops.recompute_wu(k, x.v, x.beta, A, g_cs, rstd_k=rk, varlen=info, config=cfg)
+        # the operands of the state and output kernels that differ by family
+        state_k = kg if self.kda else k
+        out_k, out_rk, out_ssq = (None, None, None) if self.kda else (k, rk, ssq)
+        h, vn, _ = ops.state_recurrence(state_k, w, u, g_cs, initial_state=h0,
+                                        output_final_state=True, varlen=info, config=cfg)
+        # GDN's one pass: its own q k^T gram (and q's rstd under the fused routes) for state_out
+        a1, cq = (None, None) if self.kda else ops.chunk_aqk(q, k, g_cs, fuse_q=fuse_q, fuse_k=fuse_k,
+                                                             varlen=info, config=cfg)
+        self._stage[route] = dict(q=q, k=k, g_cs=g_cs, A=A, aqk=aqk, rk=rk, w=w, u=u, h0=h0, h=h, vn=vn,
+                                  info=info, fuse_k=fuse_k, fuse_q=fuse_q, state_k=state_k,
+                                  out_k=out_k, out_rk=out_rk, out_ssq=out_ssq, a1=a1, cq=cq)
+        return self._stage[route]
+
+    def stage_call(self, kernel: str, route: str, cfg):
+        """A zero-argument call of the one stage kernel under ``cfg`` (what is timed)."""
+        ops, x, st = self.ops, self.full, self.stage_inputs(route)
+        info = st["info"]
+        if kernel == "l2norm":
+            return lambda: ops.l2norm(x.k, cfg.l2norm)
+        if kernel == "gram":
+            return lambda: ops.gram_solve(st["k"], x.g, x.beta, varlen=info, fuse_k=st["fuse_k"], config=cfg)
+        if kernel == "kda_intra":
+            return lambda: ops.kda_intra(st["q"], st["k"], x.g, x.beta, varlen=info, fuse_k=st["fuse_k"],
+                                         raw_q=st["fuse_q"], config=cfg)
+        if kernel == "wu":
+            return lambda: ops.recompute_wu(st["k"], x.v, x.beta, st["A"], st["g_cs"], rstd_k=st["rk"],
+                                            varlen=info, config=cfg)
+        if kernel == "state":
+            return lambda: ops.state_recurrence(st["state_k"], st["w"], st["u"], st["g_cs"],
+                                                initial_state=st["h0"], output_final_state=True, varlen=info,
+                                                config=cfg)
+        if kernel == "aqk":
+            return lambda: ops.chunk_aqk(st["q"], st["k"], st["g_cs"], fuse_q=st["fuse_q"], fuse_k=st["fuse_k"],
+                                         varlen=info, config=cfg)
+        if kernel == "state_out":
+            return lambda: ops.state_output(st["q"], st["k"], st["w"], st["u"], st["g_cs"], st["a1"], st["cq"],
+                                            scale=x.scale, initial_state=st["h0"], output_final_state=True,
+                                            varlen=info, config=cfg)
+        return lambda: ops.chunk_output(st["q"], st["out_k"], st["vn"], st["h"], st["g_cs"], scale=x.scale,
+                                        rstd_k=st["out_rk"], ssq_k=st["out_ssq"], fuse_q=st["fuse_q"], varlen=info,
+                                        config=cfg, aqk=st["aqk"])
+
+    def time_us(self, fn) -> tuple[float, str]:
+        """Median µs per call: CUDA-graph replays on the GPU (events where capture fails)."""
+        from ..bench import timing
+
+        p = self.params
+        for _ in range(p.warmup):
+            fn()
+        if self.device != "cuda":
+            return statistics.median(timing.time_cpu(fn, p.iters * p.rounds)), "cpu perf_counter"
+        try:
+            graph = timing.capture_graph(fn)
+        except timing.GraphUnsafe:
+            samples = [t for _ in range(p.rounds) for t in timing.time_wall(fn, p.iters)]
+            return statistics.median(samples), "cuda events per eager call (graph capture failed)"
+        samples = [t for _ in range(p.rounds) for t in timing.time_graph(graph, p.iters)]
+        del graph
+        return statistics.median(samples), "cuda graph replay of one stage call"
+
+    def warm(self, kernel: str, route: str, point: Point) -> dict:
+        """Compile one candidate (its forward on the gate's input, run once) to fill Triton's cache."""
+        t0 = time.monotonic()
+        try:
+            with self.torch.no_grad():
+                self.forward(self.small, route, full_config(kernel, point, self.base))
+                self._sync()
+        except Exception as e:
+            return {"status": "error", "reason": one_line(e), "seconds": round(time.monotonic() - t0, 3),
+                    "context_lost": not self._context_ok()}
+        return {"status": "ok", "reason": "", "seconds": round(time.monotonic() - t0, 3)}
+
+    def evaluate(self, kernel: str, route: str, point: Point) -> dict:
+        """Compile -> gate -> time one candidate; every outcome is a result dict."""
+        from ..oracle.check import judge, rel_rms
+
+        torch = self.torch
+        res: dict = {"status": "error", "reason": "", "time_us": None}
+        seen: dict = {}
+        hook = lambda k, ck: seen.__setitem__(getattr(getattr(k, "fn", k), "__name__", ""), ck)  # noqa: E731
+        self.ops.LAUNCH_HOOKS.append(hook)
+        t0 = time.monotonic()
+        stage = "compile"
+        try:
+            with torch.no_grad():
+                cfg = full_config(kernel, point, self.base)
+                ref = self.default_output(route)
+                o, s = self.forward(self.small, route, cfg)
+                self._sync()
+                res["first_call_s"] = round(time.monotonic() - t0, 3)
+                self._registers(res, seen.get(KERNEL_FUNCTIONS[kernel]))
+                stage = "gate"
+                v = judge(self.oracle, o, s)
+                res.update(err_o=v.err_o, err_state=v.err_state, budget_o=v.budget_o, budget_state=v.budget_state,
+                           err_vs_default=rel_rms(o, ref) if o.shape == ref.shape else None, check_tokens=v.tokens)
+                del o, s
+                if not v.passed:
+                    res.update(status="incorrect", reason=v.reason)
+                    return res
+                stage = "timing"
+                res["time_us"], res["timing_method"] = self.time_us(self.stage_call(kernel, route, cfg))
+                self._registers(res, seen.get(KERNEL_FUNCTIONS[kernel]))
+                res["status"] = "ok"
+        except Exception as e:  # a failing candidate is data
+            res["status"] = "compile_error" if stage == "compile" and _is_compile_error(e) else "error"
+            res["reason"] = f"{stage}: {one_line(e)}"
+            res["traceback"] = traceback.format_exc()[-1500:]
+            res["time_us"] = None
+            if not self._context_ok():
+                res["context_lost"] = True
+        finally:
+            self.ops.LAUNCH_HOOKS.remove(hook)
+            res["seconds"] = round(time.monotonic() - t0, 3)
+        return res
+
+    def _sync(self):
+        if self.device == "cuda":
+            self.torch.cuda.synchronize()
+
+    def _context_ok(self) -> bool:
+        try:
+            self._sync()
+            return True
+        except Exception:
+            return False
+
+    @staticmethod
+    def _registers(res: dict, compiled) -> None:
+        for attr in ("n_regs", "n_spills"):
+            try:
+                val = getattr(compiled, attr, None)
+            except Exception:
+                val = None
+            if val is not None:
+                res[attr] = int(val)
+
+
+def _is_compile_error(e: BaseException) -> bool:
+    names = {"CompilationError", "CompileTimeAssertionFailure", "OutOfResources", "PTXASError"}
+    return type(e).__name__ in names or type(e).__module__.startswith("triton.compiler")
+
+
+def device_identity(device: str) -> dict:
+    import triton
+
+    if device != "cuda":
+        return {"gpu": "cpu", "compute_capability": None, "triton": triton.__version__}
+    env = tuned.device_env(0)
+    return dict(env) if env else {"gpu": "unknown", "compute_capability": None, "triton": triton.__version__}
+
+
+def worker_main(spec_json: str) -> int:
+    """Child process: answer one JSON line per candidate request read from stdin.
+
+    The protocol uses the original stdout; everything printed otherwise goes to stderr."""
+    proto = os.fdopen(os.dup(1), "w", buffering=1)
+    os.dup2(2, 1)
+    spec = json.loads(spec_json)
+    try:
+        bench = _Bench(spec)
+        proto.write(json.dumps({"hello": True, "env": device_identity(spec["device"])}) + "\n")
+    except Exception as e:
+        traceback.print_exc()
+        proto.write(json.dumps({"hello": False, "reason": one_line(e)}) + "\n")
+        return 1
+    for line in sys.stdin:
+        req = json.loads(line)
+        run = bench.warm if req.get("warm") else bench.evaluate
+        res = run(req["kernel"], req["route"], req["point"])
+        proto.write(json.dumps(res, default=str) + "\n")
+        if res.get("context_lost"):
+            return 3  # the CUDA context is poisoned: the parent starts a fresh worker
+    return 0
+
+
+if __name__ == "__main__":
+    if len(sys.argv) == 3 and sys.argv[1] == "--worker":
+        sys.exit(worker_main(sys.argv[2]))
+    sys.exit("usage: python -m gdnbench.autotune.bench --worker SPEC_JSON (started by gdnbench autotune)")

@@ -1,0 +1,186 @@
+"""Search a space: exhaustive when small, coordinate descent otherwise; seeds from related cache entries.
+
+Search. A space of at most ``exhaustive_max`` valid points is searched exhaustively. Larger
+ones by coordinate descent: start at the default config; sweep one dimension at a time over all
+its values with the others fixed, moving to the fastest point of the sweep when it beats the
+current best by more than ``min_gain`` (1 %: timing noise must not move the search); repeat
+passes over the dimensions until a pass moves nothing, or the budget (seconds per kernel and
+shape) is spent - checked between sweeps, so one sweep may overrun it.
+"""
+
+from __future__ import annotations
+
+import warnings
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from ..kernels import tuned
+from .space import Point, point_key, Space
+from .plan import DEFAULT_BUDGET_S, Evaluate, EXHAUSTIVE_MAX, has_winner, MIN_GAIN, Task
+
+
+MAX_ROUNDS = 10
+OK_STATUSES = ("ok",)
+
+
+@dataclass
+class SearchResult:
+    strategy: str  # exhaustive | coordinate_descent
+    stopped: str  # done | converged | budget | max_rounds
+    results: list[dict] = field(default_factory=list)  # every evaluated candidate, in order
+    default: dict | None = None
+    best: dict | None = None
+    spent_s: float = 0.0
+    rounds: int = 0
+    pruned: int = 0  # distinct points met during the search that validate() rejected
+
+
+def is_ok(result: dict | None) -> bool:
+    return bool(result) and result.get("status") in OK_STATUSES and result.get("time_us") is not None
+
+
+class _Run:
+    """Evaluates points once each, counts pruned ones and the time spent (shared by the strategies)."""
+
+    def __init__(self, space: Space, evaluate: Evaluate, out: SearchResult, on_result):
+        self.space, self.evaluate, self.out, self.on_result = space, evaluate, out, on_result
+        self.seen: dict[tuple, dict] = {}
+        self.invalid: set[tuple] = set()
+
+    def __call__(self, points: list[Point]) -> None:
+        todo, keys = [], set()
+        for p in points:
+            k = point_key(p)
+            if k in self.seen or k in keys or k in self.invalid:
+                continue
+            if not self.space.is_valid(p):
+                self.invalid.add(k)
+                self.out.pruned += 1
+                continue
+            keys.add(k)
+            todo.append(p)
+        if not todo:
+            return
+        results, seconds = self.evaluate(todo)
+        self.out.spent_s += seconds
+        for p, r in zip(todo, results):
+            r = {**r, "config": dict(p), "index": len(self.out.results)}
+            self.seen[point_key(p)] = r
+            self.out.results.append(r)
+            if is_ok(r) and (self.out.best is None or r["time_us"] < self.out.best["time_us"]):
+                self.out.best = r
+            if self.on_result:
+                self.on_result(r)
+
+    def get(self, p: Point) -> dict | None:
+        return self.seen.get(point_key(p))
+
+
+def search(space: Space, evaluate: Evaluate, budget_s: float = DEFAULT_BUDGET_S,
+           exhaustive_max: int = EXHAUSTIVE_MAX, min_gain: float = MIN_GAIN, on_result=None,
+           max_rounds: int = MAX_ROUNDS, batch: int = 32, seeds: list[Point] = ()) -> SearchResult:
+    """Search ``space`` with ``evaluate``: exhaustive when small, else coordinate descent (from the
+    fastest of the default and the valid ``seeds``)."""
+    valid = space.valid_points()
+    if len(valid) <= exhaustive_max:
+        out = SearchResult("exhaustive", "done")
+        run = _Run(space, evaluate, out, on_result)
+        ordered = [space.start] + [p for p in valid if p != space.start]
+        for i in range(0, len(ordered), batch):
+            if i and out.spent_s >= budget_s:
+                out.stopped = "budget"
+                break
+            run(ordered[i:i + batch])
+        out.default = run.get(space.start)
+        out.rounds = 1
+        return out
+    return coordinate_descent(space, evaluate, budget_s, min_gain, on_result, max_rounds, seeds)
+
+
+def coordinate_descent(space: Space, evaluate: Evaluate, budget_s: float, min_gain: float = MIN_GAIN,
+                       on_result=None, max_rounds: int = MAX_ROUNDS, seeds: list[Point] = ()) -> SearchResult:
+    """Start at the fastest of the default and the seeds; per dimension, try all its values with the
+    others fixed and move to the fastest when it beats the best by more than min_gain; repeat until a
+    pass moves nothing.
+
+    Seeds are other searches' winners (see :func:`seed_points`); one searched before a dimension was
+    added (the state kernel's BK) takes the start point's value for it.  fuse_k variants compile several
+    times slower than plain ones, and a 15 s budget stopped them after their first dimension on the
+    H200 (GDN gram fuse_k kept its 208 µs default where plain moved to 123 µs with 1 warp)."""
+    out = SearchResult("coordinate_descent", "max_rounds")
+    run = _Run(space, evaluate, out, on_result)
+    first = [dict(space.start)]
+    for p in seeds:
+        # a seed from before a dimension was added takes the start's value for it
+        p = {**space.start, **p} if set(p) <= set(space.start) else None
+        if p is not None and space.is_valid(p):
+            p = {name: p[name] for name, _ in space.dims}
+            if p not in first:
+                first.append(p)
+    run(first)
+    out.default = run.get(first[0])
+    ok = [r for r in map(run.get, first) if is_ok(r)]
+    best = min(ok, key=lambda r: r["time_us"]) if ok else None
+    cur = dict(best["config"]) if best else dict(space.start)
+    for rnd in range(1, max_rounds + 1):
+        out.rounds = rnd
+        moved = False
+        for name, values in space.dims:
+            if out.spent_s >= budget_s:
+                out.stopped = "budget"
+                return out
+            line = [{**cur, name: v} for v in values]
+            run(line)
+            cands = [r for r in map(run.get, line) if is_ok(r)]
+            if not cands:
+                continue
+            top = min(cands, key=lambda r: r["time_us"])
+            if best is None or top["time_us"] < best["time_us"] * (1 - min_gain):
+                best, cur, moved = top, dict(top["config"]), True
+        if not moved:
+            out.stopped = "converged"
+            break
+    return out
+
+
+MAX_SEEDS = 6
+# kernels whose winners seed each other's searches (same config fields): the output kernel with and
+# without the fused norm (KDA's output_fused kept its GDN-derived default, BK 32 / 3 stages / cap 168,
+# 264 B of stack offline, while the plain output kernel won at BK 128 / 2 stages / no cap)
+SEED_KERNELS = {"output": ("output", "output_fused"), "output_fused": ("output_fused", "output")}
+
+
+def seed_points(cache_dir: Path, env: dict, task: Task, shape, limit: int = MAX_SEEDS) -> list[Point]:
+    """Distinct best configs of the same kernel's current cache entries on this machine (and of its
+    SEED_KERNELS partner) for shapes of the same family, head sizes and dtype: this very search's
+    winner on older code first (an edit made it stale), then this shape's other variants, then other
+    shapes. The pool compiles them with the default in one batch, so they cost one compile wave."""
+    want = tuned.entry_key(env, task.kernel, shape, task.variant)
+    prefix = f"{shape.family}_K{shape.K}_V{shape.V}_"
+    previous, same, other = [], [], []
+    entries = []
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", tuned.StaleEntry)
+        for kernel in SEED_KERNELS.get(task.kernel, (task.kernel,)):
+            entries += [(kernel, e) for e in tuned.load_entries(tuned.cache_path(cache_dir, want["gpu"] or "unknown",
+                                                                                 kernel))]
+    for kernel, e in entries:
+        key = e.get("key", {})
+        if any(key.get(k) != want[k] for k in ("gpu", "compute_capability", "triton")):
+            continue
+        sk = key.get("shape_key", "")
+        this_search = sk == want["shape_key"] and key.get("variant") == task.variant and kernel == task.kernel
+        if not has_winner(e):
+            continue
+        if key.get("source_hash") != tuned.source_hash(kernel):
+            if this_search:
+                previous.append(e["best"]["config"])
+            continue
+        if this_search or not sk.startswith(prefix) or f"_{shape.dtype}_" not in sk:
+            continue
+        (same if sk == want["shape_key"] else other).append(e["best"]["config"])
+    out: list[Point] = []
+    for p in previous + same + other:
+        if p not in out:
+            out.append(p)
+    return out[:limit]

@@ -1,0 +1,132 @@
+"""The search space of one stage kernel for one shape.
+
+Space. Per kernel: its block sizes (BR for l2norm; BK and/or BV for the others, powers of two
+from 16 up to the head size rounded up to a power of two: larger blocks are clamped by the
+kernel to the same code), num_warps 1..16, num_stages 1..4 (1 for l2norm, which has no loop)
+and maxnreg: None (the compiler's choice) plus caps 64, 72, .., 248 (every multiple of 8 that
+ptxas accepts between 64 and 255). Points that :func:`gdnbench.kernels.config.validate` (the
+same function the defaults pass) rejects - shared memory, block divisibility, register file -
+are pruned before anything runs. The other kernels keep the shape's default config.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import itertools
+import math
+from dataclasses import dataclass
+from typing import Callable
+
+from ..kernels import tuned
+from ..vocab import dtype_bytes
+
+
+KERNELS = tuned.KERNELS
+ROUTES = tuned.ROUTES
+MAXNREG_CAPS = tuple(range(64, 256, 8))  # 64, 72, ..., 248
+MAXNREG_VALUES = (None,) + MAXNREG_CAPS
+WARPS = (1, 2, 4, 8, 16)
+STAGES = (1, 2, 3, 4)
+BR_VALUES = (1, 2, 4, 8, 16, 32, 64)
+BLOCKS = (16, 32, 64, 128, 256)
+
+Point = dict  # dimension name -> value, in the space's dimension order
+
+
+def _blocks_for(dim: int) -> tuple[int, ...]:
+    """Block sizes that give distinct code for a head dimension (larger ones are clamped)."""
+    top = 1 << max(dim - 1, 0).bit_length()
+    return tuple(b for b in BLOCKS if b <= max(top, BLOCKS[0]))
+
+
+def dimensions(kernel: str, K: int, V: int) -> list[tuple[str, tuple]]:
+    """The tuned dimensions of a kernel and their values, in coordinate-descent order."""
+    tail = [("num_warps", WARPS), ("num_stages", (1,) if kernel == "l2norm" else STAGES),
+            ("maxnreg", MAXNREG_VALUES)]
+    if kernel == "l2norm":
+        return [("BR", BR_VALUES)] + tail
+    blocks = {"gram": ("BK",), "kda_intra": ("BK",), "wu": ("BK", "BV"), "state": ("BK", "BV"), "output": ("BK", "BV"),
+              "output_fused": ("BK", "BV"), "aqk": ("BK",), "state_out": ("BK", "BV")}[kernel]
+    return [(b, _blocks_for(K if b == "BK" else V)) for b in blocks] + tail
+
+
+def point_key(point: Point) -> tuple:
+    return tuple(point.items())
+
+
+@dataclass
+class Space:
+    """A kernel's search space for one shape: its dimensions, the start point, the validity test."""
+
+    kernel: str
+    dims: list[tuple[str, tuple]]
+    start: Point
+    is_valid: Callable[[Point], bool]
+
+    def points(self):
+        names = [d for d, _ in self.dims]
+        for values in itertools.product(*(v for _, v in self.dims)):
+            yield dict(zip(names, values))
+
+    @property
+    def total(self) -> int:
+        return math.prod(len(v) for _, v in self.dims)
+
+    def valid_points(self) -> list[Point]:
+        return [p for p in self.points() if self.is_valid(p)]
+
+    def pass_size(self) -> int:
+        """Points one coordinate-descent pass visits at most."""
+        return 1 + sum(len(v) - 1 for _, v in self.dims)
+
+
+# GDN's path pinned while a kernel of one path is tuned, so its gate runs that kernel (ops.one_pass)
+_PATH_OF = {"aqk": True, "state_out": True, "state": False, "output": False, "output_fused": False}
+
+
+def full_config(kernel: str, point: Point, base):
+    """``base`` (a GDNConfig) with ``kernel``'s config replaced by the point's, and GDN's path pinned to the
+    one that runs ``kernel`` (KDA ignores it; ops.validate rejects the one-pass path where it is not built)."""
+    return dataclasses.replace(base, **{kernel: tuned.kernel_config(kernel, point)},
+                               one_pass=_PATH_OF.get(kernel) if base.one_pass is None else base.one_pass)
+
+
+def _start_point(kernel: str, base, dims, K: int, V: int) -> Point:
+    """The base config of the kernel as a point, blocks clamped as the kernel clamps them."""
+    from ..kernels.config import block, state_piece
+
+    c = getattr(base, kernel)
+    out = {}
+    for name, _ in dims:
+        v = getattr(c, name)
+        if kernel in ("state", "state_out") and name == "BK":
+            v = block(state_piece(c, K), K)
+        elif name in ("BK", "BV"):
+            v = block(v, K if name == "BK" else V)
+        out[name] = v
+    return out
+
+
+def build_space(kernel: str, K: int, V: int, dtype: str, family: str = "gdn") -> Space:
+    """The space of ``kernel`` for head sizes K, V, a storage dtype and a family, pruned by validate()
+    (KDA's kernels stream fp32 gate tiles too: their shared-memory estimates differ)."""
+    from ..kernels.config import default_config, validate
+
+    elt = dtype_bytes(dtype)
+    base = default_config(K, V, elt, family)
+    dims = dimensions(kernel, K, V)
+
+    def is_valid(point: Point) -> bool:
+        try:
+            validate(full_config(kernel, point, base), K, V, elt, family)
+        except (ValueError, TypeError):
+            return False
+        return True
+
+    return Space(kernel, dims, _start_point(kernel, base, dims, K, V), is_valid)
+
+
+@functools.lru_cache(maxsize=None)
+def count_valid(kernel: str, K: int, V: int, dtype: str, family: str = "gdn") -> int:
+    return len(build_space(kernel, K, V, dtype, family).valid_points())
