@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
 import tempfile
@@ -20,12 +21,14 @@ from pathlib import Path
 from typing import Callable
 
 from . import backends as registry
+from .journal import STOP_SIGNALS, Stopped
 from .measure import base_row, measure_shape
 from .shapes import Shape, ShapeSet, load_file
 from .timing import TimingParams
 
 PKG_PARENT = str(Path(__file__).resolve().parent.parent)
 DEFAULT_WORKER_TIMEOUT_S = 1800
+STOP_SIGNUMS = {int(getattr(signal, n)) for n in STOP_SIGNALS if hasattr(signal, n)}
 
 
 def worker_env(device: str) -> dict:
@@ -63,23 +66,30 @@ def _run_child(task: dict, timeout_s: float, on_row: Callable[[dict], None], dev
             proc = subprocess.Popen([sys.executable, "-m", "gdnbench.runner", str(task_path)],
                                     stdout=err, stderr=subprocess.STDOUT, env=worker_env(device))
             start = time.monotonic()
-            while True:
-                rc = proc.poll()
-                for row in _read_rows(out_path, len(rows)):
-                    rows.append(row)
-                    on_row(row)
-                if rc is not None:
-                    break
-                if time.monotonic() - start > timeout_s:
+            try:
+                while True:
+                    rc = proc.poll()
+                    for row in _read_rows(out_path, len(rows)):
+                        rows.append(row)
+                        on_row(row)
+                    if rc is not None:
+                        break
+                    if time.monotonic() - start > timeout_s:
+                        proc.kill()
+                        proc.wait()
+                        rc = -9
+                        break
+                    time.sleep(0.2)
+            finally:  # a stop signal in the parent: the worker goes too
+                if proc.poll() is None:
                     proc.kill()
                     proc.wait()
-                    rc = -9
-                    break
-                time.sleep(0.2)
         for row in _read_rows(out_path, len(rows)):
             rows.append(row)
             on_row(row)
         tail = err_path.read_text()[-1500:] if err_path.exists() else ""
+        if -rc in STOP_SIGNUMS:  # the whole process group was told to stop (timeout, Ctrl-C, a closed terminal)
+            raise Stopped(signal.Signals(-rc).name)
         if rc == -9 and time.monotonic() - start > timeout_s:
             tail = f"worker timed out after {timeout_s:.0f} s\n" + tail
         return rows, rc, tail
