@@ -122,3 +122,16 @@ class ScaledOutputFake(ReferenceBackend):
             return o * 1.01, s
 
         return call
+
+
+class SlowFake(CorrectFake):
+    """The reference, slow to prepare (GDNBENCH_FAKE_SLOW_S seconds): a run long enough to be stopped."""
+
+    name = "fake_slow"
+    routes = ("explicit",)
+
+    def prepare(self, shape, route, inputs):
+        import time
+
+        time.sleep(float(os.environ.get("GDNBENCH_FAKE_SLOW_S", "2")))
+        return super().prepare(shape, route, inputs)

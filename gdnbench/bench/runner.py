@@ -1,16 +1,17 @@
-"""Run a shape set: one worker subprocess per shape, crash isolation, rows streamed back.
+"""Run a shape set: one long-lived worker subprocess per run, crash isolation, rows streamed back.
 
-An illegal memory access poisons the whole CUDA context, so a shape's backends run in
-a child process (`python -m gdnbench.bench.runner TASK.json`) that writes each row as a JSON
-line the moment it exists. If the child dies, the rows it wrote are kept, each backend
-with missing rows is run again alone in a fresh child, and what is still missing
-becomes an `error` row carrying the tail of the child's stderr.
+An illegal memory access poisons the whole CUDA context, so the backends run in a child
+process (`python -m gdnbench.bench.runner ROWS.jsonl`, tasks on stdin) that writes each row as a
+JSON line the moment it exists. If the child dies, the rows it wrote are kept, each backend
+with missing rows is run again alone in a fresh child, what is still missing becomes an
+`error` row carrying the tail of the child's output, and a fresh worker takes the next shape.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
 import tempfile
@@ -20,12 +21,14 @@ from pathlib import Path
 from typing import Callable
 
 from .. import backends as registry
-from .measure import base_row, measure_shape
 from ..data.shapes import Shape, ShapeSet, load_file
+from ..data.journal import STOP_SIGNALS, Stopped
+from .measure import base_row, measure_shape
 from .timing import TimingParams
 
 PKG_PARENT = str(Path(__file__).resolve().parents[2])
 DEFAULT_WORKER_TIMEOUT_S = 1800
+STOP_SIGNUMS = {int(getattr(signal, n)) for n in STOP_SIGNALS if hasattr(signal, n)}
 
 
 def worker_env(device: str, extra: dict | None = None) -> dict:
@@ -39,52 +42,113 @@ def worker_env(device: str, extra: dict | None = None) -> dict:
     return env
 
 
-def _read_rows(path: Path, seen: int) -> list[dict]:
-    if not path.exists():
-        return []
-    lines = path.read_text().splitlines()
-    out = []
-    for line in lines[seen:]:
-        try:
-            out.append(json.loads(line))
-        except json.JSONDecodeError:
-            break  # a half-written last line from a dying child
-    return out
+class _LineReader:
+    """The complete lines a process appends to a file, read as they arrive (a half-written last
+    line waits for its end)."""
+
+    def __init__(self, path: Path):
+        self.path, self.pos = path, 0
+
+    def new(self) -> list[dict]:
+        if not self.path.exists():
+            return []
+        with open(self.path) as fh:
+            fh.seek(self.pos)
+            data = fh.read()
+        out = []
+        for line in data.splitlines(keepends=True):
+            if not line.endswith("\n"):
+                break
+            self.pos += len(line.encode())
+            try:
+                out.append(json.loads(line))
+            except json.JSONDecodeError:
+                continue  # not a row: nothing else writes there, but never stop on it
+        return out
 
 
-def _run_child(task: dict, timeout_s: float, on_row: Callable[[dict], None], device: str,
-               env: dict | None = None) -> tuple[list[dict], int, str]:
-    with tempfile.TemporaryDirectory(prefix="gdnbench-") as tmp:
-        out_path = Path(tmp) / "rows.jsonl"
-        task_path = Path(tmp) / "task.json"
-        err_path = Path(tmp) / "stderr.txt"
-        task = {**task, "out": str(out_path)}
-        task_path.write_text(json.dumps(task))
+class Worker:
+    """One worker process that measures shape after shape (`python -m gdnbench.bench.runner ROWS.jsonl`,
+    a task per stdin line, each row and a `{"_done": id}` line appended to ROWS.jsonl).
+
+    Started once per run, not once per shape: worker start and imports took 91 s of a 96 s CPU
+    smoke run on 2 cores with one fresh process per shape. A worker that dies is replaced by the
+    caller; the rows it wrote are kept."""
+
+    def __init__(self, device: str, env: dict | None = None):
+        self._tmp = tempfile.TemporaryDirectory(prefix="gdnbench-")
+        tmp = Path(self._tmp.name)
+        self._err_path = tmp / "stderr.txt"
+        self._err = open(self._err_path, "w")
+        self._rows = _LineReader(tmp / "rows.jsonl")
+        self.proc = subprocess.Popen([sys.executable, "-m", "gdnbench.bench.runner", str(tmp / "rows.jsonl")],
+                                     stdin=subprocess.PIPE, stdout=self._err, stderr=subprocess.STDOUT,
+                                     env=worker_env(device, env), text=True)
+
+    def run(self, task: dict, timeout_s: float, on_row: Callable[[dict], None]) -> tuple[list[dict], int, str]:
+        """The rows of one task, the exit code (0: the task finished, the worker lives on) and, when it
+        died, the tail of its output."""
+        err_start = self._err_path.stat().st_size
         rows: list[dict] = []
-        with open(err_path, "w") as err:
-            proc = subprocess.Popen([sys.executable, "-m", "gdnbench.bench.runner", str(task_path)],
-                                    stdout=err, stderr=subprocess.STDOUT, env=worker_env(device, env))
-            start = time.monotonic()
+        try:
+            self.proc.stdin.write(json.dumps(task) + "\n")
+            self.proc.stdin.flush()
+        except (BrokenPipeError, OSError):
+            pass  # died before the task: its exit code and output say why
+        start = time.monotonic()
+        try:
             while True:
-                rc = proc.poll()
-                for row in _read_rows(out_path, len(rows)):
+                rc = self.proc.poll()
+                for row in self._rows.new():
+                    if "_done" in row:
+                        return rows, 0, ""
                     rows.append(row)
                     on_row(row)
                 if rc is not None:
                     break
                 if time.monotonic() - start > timeout_s:
-                    proc.kill()
-                    proc.wait()
+                    self._kill()
                     rc = -9
                     break
-                time.sleep(0.2)
-        for row in _read_rows(out_path, len(rows)):
-            rows.append(row)
-            on_row(row)
-        tail = err_path.read_text()[-1500:] if err_path.exists() else ""
+                time.sleep(0.05)
+        except BaseException:  # a stop signal in the parent: the worker goes too
+            self.close()
+            raise
+        rc = rc if rc != 0 else 1  # exited without finishing the task
+        with open(self._err_path) as fh:
+            fh.seek(err_start)
+            tail = fh.read()[-1500:]
         if rc == -9 and time.monotonic() - start > timeout_s:
             tail = f"worker timed out after {timeout_s:.0f} s\n" + tail
+        if -rc in STOP_SIGNUMS:  # the whole process group was told to stop (timeout, Ctrl-C, a closed terminal)
+            raise Stopped(signal.Signals(-rc).name)
         return rows, rc, tail
+
+    def _kill(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait()
+
+    def close(self) -> None:
+        if self.proc.poll() is None:
+            try:
+                self.proc.stdin.close()  # end of tasks: a live worker exits by itself
+                self.proc.wait(timeout=5)
+            except (OSError, subprocess.TimeoutExpired):
+                self.proc.kill()
+                self.proc.wait()
+        self._err.close()
+        self._tmp.cleanup()
+
+
+def _run_child(task: dict, timeout_s: float, on_row: Callable[[dict], None], device: str,
+               env: dict | None = None) -> tuple[list[dict], int, str]:
+    """One task in a fresh worker of its own."""
+    worker = Worker(device, env)
+    try:
+        return worker.run(task, timeout_s, on_row)
+    finally:
+        worker.close()
 
 
 def _summary_line(tail: str, rc: int) -> str:
@@ -93,29 +157,21 @@ def _summary_line(tail: str, rc: int) -> str:
     return f"worker exited with code {rc}: {last[:300]}"
 
 
-def env_groups(backend_names: list[str]) -> list[tuple[dict, list[str]]]:
-    """Backends grouped by the worker environment they need, in first-seen order: a group shares a process."""
-    groups: dict[tuple, list[str]] = {}
-    for spec in backend_names:
-        groups.setdefault(tuple(sorted(registry.get(spec).worker_env.items())), []).append(spec)
-    return [(dict(key), specs) for key, specs in groups.items()]
-
-
 def run_shape_isolated(ss: ShapeSet, shape: Shape, backend_names: list[str], routes: list[str], mode: str,
-                       device: str, check_tokens: int, params: TimingParams, on_row, timeout_s: float) -> list[dict]:
-    rows = []
-    for env, specs in env_groups(backend_names):
-        rows += _run_group(ss, shape, specs, routes, mode, device, check_tokens, params, on_row, timeout_s, env)
-    return rows
+                       device: str, check_tokens: int, params: TimingParams, on_row, timeout_s: float,
+                       worker: Worker | None = None, env: dict | None = None) -> tuple[list[dict], bool]:
+    """A shape's rows, measured in ``worker`` (a fresh one when None), and whether that worker lives on.
 
-
-def _run_group(ss: ShapeSet, shape: Shape, backend_names: list[str], routes: list[str], mode: str, device: str,
-               check_tokens: int, params: TimingParams, on_row, timeout_s: float, env: dict) -> list[dict]:
+    If it dies, the rows it wrote are kept, each backend with missing rows is run again alone in a
+    fresh worker, and what is still missing becomes an `error` row with the tail of its output."""
     task = {"shape_set": ss.path, "shape_id": shape.id, "backends": backend_names, "routes": routes, "mode": mode,
             "device": device, "check_tokens": check_tokens, "params": asdict(params)}
-    rows, rc, tail = _run_child(task, timeout_s, on_row, device, env)
+    if worker is None:
+        rows, rc, tail = _run_child(task, timeout_s, on_row, device, env)
+    else:
+        rows, rc, tail = worker.run(task, timeout_s, on_row)
     if rc == 0:
-        return rows
+        return rows, True
     have = {(r["backend"], r["route"]) for r in rows}
     for spec in backend_names:
         name = registry.get(spec).name  # a 'module:Class' spec names itself differently in rows
@@ -135,7 +191,15 @@ def _run_group(ss: ShapeSet, shape: Shape, backend_names: list[str], routes: lis
                 row = base_row(shape, name, r, mode, "error", reason, stderr_tail=tail2)
                 rows.append(row)
                 on_row(row)
-    return rows
+    return rows, False
+
+
+def env_groups(backend_names: list[str]) -> list[tuple[dict, list[str]]]:
+    """Backends grouped by the worker environment they need, in first-seen order: a group shares a worker."""
+    groups: dict[tuple, list[str]] = {}
+    for spec in backend_names:
+        groups.setdefault(tuple(sorted(registry.get(spec).worker_env.items())), []).append(spec)
+    return [(dict(key), specs) for key, specs in groups.items()]
 
 
 def run_set(ss: ShapeSet, backend_names: list[str], routes: list[str], mode: str = "fwd", device: str = "cuda",
@@ -143,15 +207,25 @@ def run_set(ss: ShapeSet, backend_names: list[str], routes: list[str], mode: str
             isolate: bool = True, on_row: Callable[[dict], None] = lambda r: None,
             on_shape: Callable[[Shape], None] = lambda s: None, timeout_s: float = DEFAULT_WORKER_TIMEOUT_S,
             backend_objects: list | None = None) -> list[dict]:
-    """All rows of a set. `backend_objects` (in-process only) lets tests pass fake backends."""
+    """All rows of a set. `backend_objects` (in-process only) lets tests pass fake backends. Isolated,
+    one worker per worker environment (`env_groups`) measures shape after shape; a worker that dies is
+    replaced for the next shape."""
     shapes = [ss.get(i) for i in shape_ids] if shape_ids else list(ss.shapes)
     rows: list[dict] = []
-    for shape in shapes:
-        on_shape(shape)
-        if isolate and backend_objects is None:
-            rows += run_shape_isolated(ss, shape, backend_names, routes, mode, device, check_tokens, params, on_row,
-                                       timeout_s)
-        else:
+    workers: dict[tuple, Worker] = {}
+    try:
+        for shape in shapes:
+            on_shape(shape)
+            if isolate and backend_objects is None:
+                for env, specs in env_groups(backend_names):
+                    key = tuple(sorted(env.items()))
+                    worker = workers.get(key) or workers.setdefault(key, Worker(device, env))
+                    got, alive = run_shape_isolated(ss, shape, specs, routes, mode, device, check_tokens, params,
+                                                    on_row, timeout_s, worker, env)
+                    rows += got
+                    if not alive:
+                        workers.pop(key).close()
+                continue
             objs = backend_objects or [registry.get(n) for n in backend_names]
 
             def emit(row, _rows=rows):
@@ -159,23 +233,37 @@ def run_set(ss: ShapeSet, backend_names: list[str], routes: list[str], mode: str
                 on_row(row)
 
             measure_shape(shape, objs, routes, mode, device, check_tokens, params, emit)
+    finally:
+        for worker in workers.values():
+            worker.close()
     return rows
 
 
-def _worker_main(task_path: str) -> int:
-    task = json.loads(Path(task_path).read_text())
-    ss = load_file(task["shape_set"])
-    shape = ss.get(task["shape_id"])
-    params = TimingParams(**task["params"])
-    objs = [registry.get(n) for n in task["backends"]]
-    with open(task["out"], "a") as fh:
+def _serve(rows_path: str) -> int:
+    """The worker: a task per stdin line, until stdin closes; rows and a done line per task. A task
+    that raises ends the process (a CUDA error poisons its context); the parent replaces it."""
+    sets: dict[str, ShapeSet] = {}
+    objs: dict[str, object] = {}
+    with open(rows_path, "a") as fh:
         def emit(row):
             fh.write(json.dumps(row) + "\n")
             fh.flush()
 
-        measure_shape(shape, objs, task["routes"], task["mode"], task["device"], task["check_tokens"], params, emit)
+        for line in sys.stdin:
+            if not line.strip():
+                continue
+            task = json.loads(line)
+            if task["shape_set"] not in sets:
+                sets[task["shape_set"]] = load_file(task["shape_set"])
+            ss = sets[task["shape_set"]]
+            for n in task["backends"]:
+                objs[n] = objs.get(n) or registry.get(n)
+            backends = [objs[n] for n in task["backends"]]
+            measure_shape(ss.get(task["shape_id"]), backends, task["routes"], task["mode"], task["device"],
+                          task["check_tokens"], TimingParams(**task["params"]), emit)
+            emit({"_done": task["shape_id"]})
     return 0
 
 
 if __name__ == "__main__":
-    sys.exit(_worker_main(sys.argv[1]))
+    sys.exit(_serve(sys.argv[1]))

@@ -14,10 +14,12 @@ from typing import Optional
 
 import typer
 from rich.console import Console
+from rich.text import Text
 
 from ..analysis import report as rep
 from ..data import shapes as shp
 from ..backends.base import one_line
+from ..data.journal import Journal, Stopped, deferred_signals, journal_path, stop_on_signals
 from ..data.results import ResultsError
 from .tables import print_tables
 
@@ -28,8 +30,16 @@ app.add_typer(shapes_app, name="shapes")
 console = Console()
 err_console = Console(stderr=True)
 
+EXIT_OK = 0
+EXIT_STOPPED_BY_ERROR = 1
 EXIT_BAD_INPUT = 2
 EXIT_NO_DEVICE = 3
+EXIT_NOTHING_MEASURED = 4
+EXIT_CODES_HELP = ("Exit codes: 0 every shape measured (rows that failed their check or were skipped are "
+                   "results too); 1 stopped by an unexpected error; 2 bad input (file, field, option value); "
+                   "3 no CUDA device; 4 nothing measured (no row passed its check and was timed); "
+                   "128+N stopped by signal N (130 SIGINT, 143 SIGTERM, 129 SIGHUP). A stopped run writes what "
+                   "it measured, marked interrupted; continue it with --resume.")
 CONTRACT_SETS = ("kda-legacy6", "gdn-qwen6")
 DECODE_SETS = ("gdn-decode", "kda-decode")
 
@@ -39,7 +49,7 @@ class UsageError(ValueError):
 
 
 def _fail(msg: str, code: int = EXIT_BAD_INPUT):
-    err_console.print(f"[red]error:[/red] {msg}", highlight=False, soft_wrap=True)
+    err_console.print(Text("error: ", style="red") + Text(msg), highlight=False, soft_wrap=True)
     raise typer.Exit(code)
 
 
@@ -68,7 +78,7 @@ def _split(values: Optional[list[str]]) -> list[str]:
     return out
 
 
-@app.command()
+@app.command(epilog=EXIT_CODES_HELP)
 def run(
     shapes: Optional[list[str]] = typer.Option(None, "--shapes", "-s", help="Shape set names or .toml paths "
                                                 "(default: the contract sets on CUDA, smoke on the CPU; "
@@ -110,7 +120,7 @@ def run(
         if resume is not None:
             from ..data import results
 
-            prior = results.load(resume)
+            prior, _ = results.load_resumable(resume)
             run0, t0 = prior.get("run") or {}, prior["timing"]
             if out is not None:
                 raise UsageError("--resume writes back to its own file; leave out --out")
@@ -186,64 +196,114 @@ def _run(shapes, backends, routes, shape_ids, mode, device, out, l2, warmup, rou
     env = results.capture_env(device)
     if resume is not None and len(sets) > 1:
         raise UsageError("--resume continues one results file: give one shape set")
+    codes = []
     for ss in sets:
         bad = [i for i in ids if i not in {s.id for s in ss.shapes}]
         if ids and len(bad) == len(ids):
             continue
-        stamp = results.utc_stamp()
-        if out is not None and out.suffix == ".json":
-            path = out
-        elif resume is None:
-            named = results.default_path(env, ss.name, stamp, mode)
-            path = results.claim_path(out / named.name if out is not None else named)
         wanted = [i for i in ids if i not in bad] or [s.id for s in ss.shapes]
+        stamp = results.utc_stamp()
+        run_info = {"argv": sys.argv[1:], "backends": backend_names, "routes": routes_l, "mode": mode,
+                    "device": device, "check_tokens": check_tokens, "isolate": isolate, "interrupted": None}
         if resume is not None:
-            prior = results.load(resume)
+            prior, path = results.load_resumable(resume)
             results.check_resumable(prior, resume, env, ss)
-            wanted = results.shapes_to_resume(prior, wanted, [(b, r) for b in backend_names for r in routes_l])
-            path = resume
+            names = [registry.get(b).name for b in backend_names]  # a 'module:Class' spec names its rows otherwise
+            wanted = results.shapes_to_resume(prior, wanted, [(b, r) for b in names for r in routes_l])
+            results.write_atomic(prior, path)  # what the journal kept becomes the document it starts from
+            journal_path(path).unlink(missing_ok=True)
             if not wanted:
-                console.print(f"nothing to resume: every shape of {resume} has its rows")
+                console.print(f"nothing to resume: every shape of {path} has its rows", markup=False)
                 print_tables(console, rep.report_tables(prior))
                 continue
-            console.print(f"resuming {resume}: {len(wanted)} shape(s) to measure: {', '.join(wanted)}")
-        started = time.monotonic()
-        rows, interrupted = _run_with_progress(ss, len(wanted) * len(backend_names) * len(routes_l), lambda on_row, on_shape: run_set(
+            console.print(f"resuming {path}: {len(wanted)} shape(s) to measure: {', '.join(wanted)}", markup=False)
+            header = {k: v for k, v in prior.items() if k != "rows"}
+        else:
+            path = _fresh_path(out, results.default_path(env, ss.name, stamp, mode))
+            header = results.make_document(env, ss, params.describe(), run_info, [], stamp)
+            prior = {"rows": []}
+        codes.append(_measure_and_write(ss, wanted, backend_names, routes_l, header, prior["rows"], Path(path),
+                                        resume, stamp, plot_chart, mode, lambda on_row, on_shape: run_set(
             ss, backend_names, routes_l, mode, device, check_tokens, params, wanted, isolate, on_row, on_shape,
-            worker_timeout))
-        spent, wall = rep.time_spent(rows), time.monotonic() - started
-        run_info = {"argv": sys.argv[1:], "backends": backend_names, "routes": routes_l, "mode": mode,
-                    "device": device, "check_tokens": check_tokens, "isolate": isolate, "interrupted": interrupted}
+            worker_timeout)))
+        if codes[-1] not in (EXIT_OK, EXIT_NOTHING_MEASURED):
+            break
+    code = next((c for c in codes if c not in (EXIT_OK, EXIT_NOTHING_MEASURED)),
+                EXIT_NOTHING_MEASURED if EXIT_NOTHING_MEASURED in codes else EXIT_OK)
+    if code == EXIT_NOTHING_MEASURED:
+        _fail("nothing measured: no row passed its check and was timed (every row skipped, incorrect or error)",
+              code)
+    if code != EXIT_OK:
+        raise typer.Exit(code)
+
+
+def _fresh_path(out: Optional[Path], named: Path) -> Path:
+    """Where a new run writes: --out FILE.json, else a fresh name (held by its journal) in --out DIR or
+    results/<gpu>/."""
+    if out is None or out.suffix != ".json":
+        from ..data.results import claim_path
+
+        return claim_path(out / named.name if out is not None else named)
+    if journal_path(out).exists():
+        raise UsageError(f"{journal_path(out)}: the journal of an earlier run of this file; continue it with "
+                         f"--resume {out}, or remove it")
+    return out
+
+
+def _measure_and_write(ss, wanted, backend_names, routes_l, header, prior_rows, path: Path, resume, stamp,
+                       plot_chart, mode, go) -> int:
+    """Measure, journaling each row; write the document (complete or marked interrupted); the exit code."""
+    from ..data import results
+
+    journal = Journal(journal_path(path), header)
+    started = time.monotonic()
+    try:
+        rows, stopped = _run_with_progress(ss, len(wanted) * len(backend_names) * len(routes_l), go, journal.append)
+    finally:
+        journal.close()
+    spent, wall = rep.time_spent(rows), time.monotonic() - started
+    interrupted = str(stopped) if stopped is not None else None
+    with deferred_signals():
         if resume is not None:
-            doc = results.merge_resumed(prior, rows, wanted, [s.id for s in ss.shapes],
+            doc = results.merge_resumed({**header, "rows": prior_rows}, rows, wanted,
+                                        list(header["shape_set"]["shapes"]),
                                         {"argv": sys.argv[1:], "utc": stamp, "shapes": wanted,
                                          "interrupted": interrupted})
         else:
-            doc = results.make_document(env, ss, params.describe(), run_info, rows, stamp)
-        written = results.write_atomic(doc, Path(path))
-        console.print(f"[green]wrote[/green] {written}")
-        print_tables(console, rep.report_tables(doc))
-        console.print(f"{len(wanted)} shape(s) in {wall:.0f} s: oracles {spent['oracle']:.0f} s, checks (first calls "
-                      f"included) {spent['check']:.0f} s, timing {spent['timing']:.0f} s, the rest (worker start, "
-                      f"imports, inputs) {max(wall - sum(spent.values()), 0):.0f} s", highlight=False)
-        if plot_chart and any(r["status"] == "ok" for r in doc["rows"]):
-            from ..analysis.plot import plot
+            doc = {**header, "run": {**header["run"], "interrupted": interrupted}, "rows": rows}
+        written = results.write_atomic(doc, path)
+        journal.remove()
+    console.print(f"wrote {written}", style="green", markup=False)
+    print_tables(console, rep.report_tables(doc))
+    console.print(f"{len(wanted)} shape(s) in {wall:.0f} s: oracles {spent['oracle']:.0f} s, checks (first calls "
+                  f"included) {spent['check']:.0f} s, timing {spent['timing']:.0f} s, the rest (worker start, "
+                  f"imports, inputs) {max(wall - sum(spent.values()), 0):.0f} s", highlight=False)
+    if plot_chart and any(r["status"] == "ok" for r in doc["rows"]):
+        from ..analysis.plot import plot
 
-            console.print(f"[green]chart[/green] {plot(doc, Path(written).with_suffix('.png'), mode=mode)}")
-        if interrupted:
-            _fail(f"{interrupted}; the {len(rows)} rows measured so far were written to {written}"
-                  f" (continue with: gdnbench run --resume {written})", 130 if interrupted == "interrupted" else 1)
+        console.print(f"chart {plot(doc, Path(written).with_suffix('.png'), mode=mode)}", markup=False)
+    if stopped is not None:
+        err_console.print(Text("error: ", style="red") + Text(
+            f"{interrupted}; the {len(rows)} rows measured so far were written to {written} (continue with: "
+            f"gdnbench run --resume {written})"), highlight=False, soft_wrap=True)
+        return stopped.exit_code if isinstance(stopped, Stopped) else EXIT_STOPPED_BY_ERROR
+    return EXIT_OK if any(r["status"] == "ok" for r in rows) else EXIT_NOTHING_MEASURED
 
 
-def _run_with_progress(ss, total: int, go):
+class _RunError(Exception):
+    """An unexpected error that stopped the runner (not a row's failure); `exit_code` 1."""
+
+
+def _run_with_progress(ss, total: int, go, journal_row):
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
     collected: list[dict] = []
-    with Progress(TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-                  TimeRemainingColumn(), console=err_console, transient=False) as progress:
+    with Progress(TextColumn("{task.description}", markup=False), BarColumn(), MofNCompleteColumn(),
+                  TimeElapsedColumn(), TimeRemainingColumn(), console=err_console, transient=False) as progress:
         task = progress.add_task(ss.name, total=total)
 
         def on_row(row):
+            journal_row(row)
             collected.append(row)
             progress.update(task, advance=1,
                             description=f"{ss.name} {row['shape_id']} {row['backend']}:{row['route']} {row['status']}")
@@ -252,11 +312,12 @@ def _run_with_progress(ss, total: int, go):
             progress.update(task, description=f"{ss.name} {shape.id}")
 
         try:
-            go(on_row, on_shape)
-        except KeyboardInterrupt:
-            return collected, "interrupted"
+            with stop_on_signals():
+                go(on_row, on_shape)
+        except Stopped as e:
+            return collected, e
         except Exception as e:  # the rows measured so far are still written by the caller
-            return collected, one_line(e, "stopped by")
+            return collected, _RunError(one_line(e, "stopped by"))
     return collected, None
 
 

@@ -133,16 +133,23 @@ def default_path(env: dict, shape_set_name: str, stamp: str, mode: str = "fwd") 
 
 
 def claim_path(path: Path) -> Path:
-    """Reserve a fresh results file: `path`, or `path` with -2, -3, ... before `.json` when it exists.
+    """Reserve a fresh results name: `path`, or `path` with -2, -3, ... before `.json` when it (or its
+    journal) exists.
 
     Two runs of one set started in the same second (one per GPU) got the same default name, and the
-    second to finish overwrote the first's results; the empty file created here holds the name."""
+    second to finish overwrote the first's results. The name is held by its journal (`x.jsonl`,
+    created here), never by an empty document: a run stopped before its end once left a 0-byte
+    results file."""
+    from .journal import journal_path
+
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     for i in itertools.count(1):
         candidate = path if i == 1 else path.with_name(f"{path.stem}-{i}{path.suffix}")
+        if candidate.exists():
+            continue
         try:
-            os.close(os.open(candidate, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644))
+            os.close(os.open(journal_path(candidate), os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644))
             return candidate
         except FileExistsError:
             continue
@@ -192,7 +199,11 @@ def read_json(path: str | Path, error: type[ValueError], what: str):
 
 def load(path: str | Path) -> dict:
     p = str(path)
-    doc = read_json(path, ResultsError, "results file")
+    return validate(read_json(path, ResultsError, "results file"), p)
+
+
+def validate(doc, p: str) -> dict:
+    """``doc`` when it is a usable results document, else ResultsError naming ``p`` and the field."""
     if not isinstance(doc, dict) or "schema_version" not in doc:
         raise ResultsError(f"{p}: not a gdnbench results file (no schema_version)")
     if doc["schema_version"] != SCHEMA_VERSION:
@@ -208,6 +219,45 @@ def load(path: str | Path) -> dict:
         if row["status"] not in ROW_STATUSES:
             raise ResultsError(f"{p}: row {i}: status {row['status']!r} is not one of {ROW_STATUSES}")
     return doc
+
+
+def load_resumable(path: str | Path) -> tuple[dict, Path]:
+    """What a stopped or killed run kept, and the results path to write back to.
+
+    ``path`` names a results file or its journal. The document, when there is one, with the rows
+    of the journal beside it (a resumed run killed before its end) replacing its rows of the same
+    shapes; else the journal alone, as a document marked interrupted."""
+    from .journal import journal_path, read, results_path_of
+
+    final = results_path_of(path)
+    jpath = journal_path(final)
+    has_journal = jpath.is_file() and jpath.stat().st_size > 0
+    if final.exists() or not has_journal:
+        doc = load(final)
+    else:
+        try:
+            header, _ = read(jpath)
+        except (OSError, UnicodeDecodeError) as e:
+            raise ResultsError(f"{jpath}: unreadable journal ({type(e).__name__})") from None
+        if header is None:
+            raise ResultsError(f"{jpath}: a journal without its header line; nothing to resume from")
+        doc = validate({**header, "rows": []}, str(jpath))
+        doc["run"] = {**(doc.get("run") or {}), "interrupted": "killed (rows from its journal)"}
+    if has_journal:
+        _, rows = read(jpath)
+        validate({**doc, "rows": rows}, str(jpath))
+        doc = fold_journal(doc, rows)
+    return doc, final
+
+
+def fold_journal(doc: dict, rows: list[dict]) -> dict:
+    """``doc`` with its rows of the shapes that ``rows`` holds replaced by those (a shape is measured
+    whole, so the later rows of a shape are the newer measurement), in shape-set order."""
+    fresh = {r["shape_id"] for r in rows}
+    kept = [r for r in doc["rows"] if r["shape_id"] not in fresh]
+    order = list((doc.get("shape_set") or {}).get("shapes") or {})
+    rank = {s: i for i, s in enumerate(order)}
+    return {**doc, "rows": sorted(kept + rows, key=lambda r: rank.get(r["shape_id"], len(rank)))}
 
 
 # ----------------------------------------------------------------------------- resuming a run
