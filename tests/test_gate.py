@@ -28,6 +28,28 @@ def test_inputs_deterministic_and_shaped():
     assert not torch.equal(a.q, other.q)
 
 
+@pytest.mark.parametrize("set_name, shape_id", [("gdn-qwen6-long", "h16_hv48_uniform_long"),
+                                                ("kda-legacy6-long", "h64_mixed_long")])
+def test_long_gate_regime_draw(set_name, shape_id):
+    s = shapes.load(set_name).get(shape_id).shortened(512)
+    a = inputs.make_inputs(s)
+    assert torch.equal(a.g, inputs.make_inputs(s).g)  # seeded
+    strong = inputs.make_inputs(shapes._replace(s, gate_regime="strong"))
+    for name in ("q", "k", "v", "beta", "initial_state"):
+        x, y = getattr(a, name), getattr(strong, name)
+        assert (x is None and y is None) or torch.equal(x, y), name
+    g = a.g.flatten(0, 1)  # [tokens, HV] or [tokens, HV, K]
+    assert bool((g <= 0).all()) and (s.lower_bound is None or bool((g >= s.lower_bound).all()))
+    zero = (g == 0).all(0)  # heads (KDA: head channels) that never forget
+    last = g.shape[-1]
+    assert (zero.sum(-1) == max(1, last // 4)).all()  # a quarter in each head (KDA) or of the heads (GDN)
+    assert bool((g[:, ~zero] < 0).all())
+    mean_rate = (-g).mean(0)[~zero]
+    assert mean_rate.max() / mean_rate.min() > 20  # rates spread over orders of magnitude
+    assert 1e-4 < mean_rate.min() and mean_rate.max() < 0.5  # long memory: nowhere near strong's ~0.8 per token
+    assert float((-strong.g).mean()) > 0.5
+
+
 def test_l2norm_is_flas_eps_inside_sqrt():
     x = torch.tensor([[3.0, 4.0], [0.0, 0.0]])
     y = l2norm(x)
