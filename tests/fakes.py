@@ -135,3 +135,52 @@ class SlowFake(CorrectFake):
 
         time.sleep(float(os.environ.get("GDNBENCH_FAKE_SLOW_S", "2")))
         return super().prepare(shape, route, inputs)
+
+
+class PerturbedFake(ReferenceBackend):
+    """The reference with one systematic fault in what it returns (`perturb`); the gate must catch each."""
+
+    name = "fake_perturbed"
+    routes = ("explicit",)
+
+    def perturb(self, o, s):
+        return o, s
+
+    def prepare(self, shape, route, inputs):
+        inner = super().prepare(shape, route, inputs)
+        return lambda: self.perturb(*inner())
+
+
+def _middle_row(o, factor):
+    """One (token, head) row of o times factor: the middle token's first head."""
+    o = o.clone()
+    o[0, o.shape[1] // 2, 0] *= factor
+    return o
+
+
+class ScaledOFake(PerturbedFake):
+    name = "fake_o_x1.01"
+
+    def perturb(self, o, s):
+        return o * 1.01, s
+
+
+class ScaledStateFake(PerturbedFake):
+    name = "fake_state_x1.01"
+
+    def perturb(self, o, s):
+        return o, s * 1.01
+
+
+class ZeroRowFake(PerturbedFake):
+    name = "fake_zero_row"
+
+    def perturb(self, o, s):
+        return _middle_row(o, 0.0), s
+
+
+class DoubledRowFake(PerturbedFake):
+    name = "fake_doubled_row"
+
+    def perturb(self, o, s):
+        return _middle_row(o, 2.0), s

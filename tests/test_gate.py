@@ -29,6 +29,28 @@ def test_inputs_deterministic_and_shaped():
     assert not torch.equal(a.q, other.q)
 
 
+@pytest.mark.parametrize("set_name, shape_id", [("gdn-qwen6-long", "h16_hv48_uniform_long"),
+                                                ("kda-legacy6-long", "h64_mixed_long")])
+def test_long_gate_regime_draw(set_name, shape_id):
+    s = shapes.load(set_name).get(shape_id).shortened(512)
+    a = inputs.make_inputs(s)
+    assert torch.equal(a.g, inputs.make_inputs(s).g)  # seeded
+    strong = inputs.make_inputs(shapes._replace(s, gate_regime="strong"))
+    for name in ("q", "k", "v", "beta", "initial_state"):
+        x, y = getattr(a, name), getattr(strong, name)
+        assert (x is None and y is None) or torch.equal(x, y), name
+    g = a.g.flatten(0, 1)  # [tokens, HV] or [tokens, HV, K]
+    assert bool((g <= 0).all()) and (s.lower_bound is None or bool((g >= s.lower_bound).all()))
+    zero = (g == 0).all(0)  # heads (KDA: head channels) that never forget
+    last = g.shape[-1]
+    assert (zero.sum(-1) == max(1, last // 4)).all()  # a quarter in each head (KDA) or of the heads (GDN)
+    assert bool((g[:, ~zero] < 0).all())
+    mean_rate = (-g).mean(0)[~zero]
+    assert mean_rate.max() / mean_rate.min() > 20  # rates spread over orders of magnitude
+    assert 1e-4 < mean_rate.min() and mean_rate.max() < 0.5  # long memory: nowhere near strong's ~0.8 per token
+    assert float((-strong.g).mean()) > 0.5
+
+
 def test_l2norm_is_flas_eps_inside_sqrt():
     x = torch.tensor([[3.0, 4.0], [0.0, 0.0]])
     y = l2norm(x)
@@ -66,6 +88,76 @@ def test_budget_is_derived_from_the_data():
     nan = oracle.o.clone()
     nan[0, 0, 0, 0] = float("inf")
     assert not check.judge(oracle, nan, None).passed
+
+
+def _bf16_shape(family, regime, seed=7):
+    """Small bf16 shapes, where the storage precision's error (~4e-3) is near a 1 % fault's."""
+    return shapes.Shape(id=f"{family}_{regime}", family=family, H=2, HV=4, K=32, V=32, lens=(90, 130, 40), seed=seed,
+                        gate=shapes.GATES[family], dtype="bfloat16", initial_state=True, gate_regime=regime,
+                        lower_bound=-5.0 if family == "kda" else None)
+
+
+BF16_SHAPES = [_bf16_shape(f, r, seed) for seed, (f, r) in enumerate(
+    [("gdn", "strong"), ("gdn", "long"), ("kda", "strong"), ("kda", "long")])]
+
+
+@pytest.mark.parametrize("s", BF16_SHAPES, ids=lambda s: s.id)
+def test_stricter_gate_passes_storage_precision_and_fails_a_1pc_scale(s):
+    inp = inputs.make_inputs(s)
+    oracle = check.build_oracle(s, inp, s)
+    lp, tf32 = check.storage_precision(s.dtype)
+    kw = dict(scale=inp.scale, initial_state=inp.initial_state, cu_seqlens=inp.cu_seqlens_list)
+    o_lp, s_lp = recurrence(inp.q, inp.k, inp.v, inp.g, inp.beta, dtype=lp, tf32=tf32, **kw)
+    rounded = oracle.o.to(torch.bfloat16), oracle.state.float()
+    for name, (o, st) in {"storage-precision run": (o_lp, s_lp), "bf16 rounding of fp64": rounded}.items():
+        v = check.judge(oracle, o, st)
+        assert v.passed, (name, v.reason)
+        for stat in ("scale_err_o", "row_err_o", "scale_err_state", "row_err_state"):
+            limit = getattr(v, stat.replace("_err", "").replace("scale", "budget_scale").replace("row", "budget_row"))
+            assert getattr(v, stat) <= 0.5 * limit + 1e-12, (name, stat)  # the storage run sits at half its budgets
+    bad = check.judge(oracle, rounded[0] * 1.01, rounded[1])
+    assert not bad.passed and "output scale error" in bad.reason
+    subtle = check.judge(oracle, rounded[0] * 1.005, rounded[1])  # inside the rel-RMS budget, not the scale one
+    assert subtle.err_o <= subtle.budget_o and not subtle.passed and "output scale error" in subtle.reason
+    bad_state = check.judge(oracle, *rounded[:1], rounded[1] * 1.01)
+    assert not bad_state.passed and "final-state" in bad_state.reason
+
+
+def test_errors_name_the_worst_row():
+    ref = torch.randn(1, 50, 3, 8, dtype=torch.float64)
+    out = ref.clone()
+    out[0, 17, 2] = 0
+    e = check.errors(out, ref, check.O_ROW_DIMS)
+    assert e.worst_row == (0, 17, 2) and e.rows == 150 and e.vectors == 150
+    assert e.row_err == pytest.approx(ref[0, 17, 2].norm().item() / (ref.norm().item() / math.sqrt(150)))
+    assert e.scale_err == pytest.approx(ref[0, 17, 2].pow(2).sum().item() / ref.pow(2).sum().item())
+    st = check.errors(ref * 1.01, ref, check.STATE_ROW_DIMS)
+    assert st.rows == 50 and st.scale_err == pytest.approx(0.01) and st.row_err >= st.rel_rms
+    assert check.errors(out.clone().fill_(float("nan")), ref, 1) == check.NOT_FINITE
+
+
+def test_fake_faults_are_incorrect_and_the_reference_is_not():
+    ss = shapes.ShapeSet("bf16", 1, "", "", (BF16_SHAPES[0], BF16_SHAPES[3]))
+    faults = {"fake_o_x1.01": "output scale error", "fake_state_x1.01": "final-state scale error",
+              "fake_zero_row": "output row error", "fake_doubled_row": "output row error"}
+    objs = [fakes.CorrectFake(), fakes.ScaledOFake(), fakes.ScaledStateFake(), fakes.ZeroRowFake(),
+            fakes.DoubledRowFake()]
+    rows = run_set(ss, [], ["explicit"], device="cpu", check_tokens=4096, params=FAST, isolate=False,
+                   backend_objects=objs)
+    by = _by_key(rows)
+    for s in ss.shapes:
+        ok = by[(s.id, "fake_correct", "explicit")]
+        assert ok["status"] == "ok", ok["reason"]
+        for key in ("scale_err_o", "budget_scale_o", "lowp_scale_err_o", "row_err_o", "worst_row_o", "budget_row_o",
+                    "lowp_row_err_o", "scale_err_state", "budget_scale_state", "row_err_state", "budget_row_state"):
+            assert ok["check"][key] is not None, key
+        for name, words in faults.items():
+            r = by[(s.id, name, "explicit")]
+            assert r["status"] == "incorrect" and words in r["reason"] and "wall" not in r, (s.id, name, r["reason"])
+        middle = 0, s.tokens // 2, 0
+        for name in ("fake_zero_row", "fake_doubled_row"):
+            assert tuple(by[(s.id, name, "explicit")]["check"]["worst_row_o"]) == middle
+            assert f"at row {list(middle)}" in by[(s.id, name, "explicit")]["reason"]
 
 
 def _by_key(rows):

@@ -86,6 +86,8 @@ def test_changed_set_fails_verify_until_version_bump(tmp_path):
     (("seed = 1", "seed = 1\ncolour = 3"), "colour", "unknown key"),
     (("H = 2", 'H = "2"'), "H", "expected int"),
     (("H = 2", "H = true"), "H", "got bool"),
+    (("seed = 1", 'seed = 1\ngate_regime = "weak"'), "gate_regime", "not one of ('strong', 'long')"),
+    (("seed = 1", "seed = 1\ngate_regime = 1"), "gate_regime", "expected str"),
 ])
 def test_bad_files_name_file_shape_and_field(tmp_path, edit, field, words):
     p = write(tmp_path, GOOD.replace(*edit))
@@ -108,3 +110,39 @@ def test_shortened_keeps_the_mix():
     assert len(short.lens) == len(s.lens) and short.tokens <= 1030 and short.H == s.H
     assert short.lens[2] > short.lens[4]  # 2048 stays longer than 271
     assert s.shortened(10 ** 6) is s
+
+
+# the hashes every result so far was measured under: a new format field must leave them as they are
+CONTRACT_HASHES = {
+    "gdn-qwen6": "sha256:050a6dae04f02f349e7e2044cd579faf9a4fff011dcae81c3f16c489b82bd575",
+    "kda-legacy6": "sha256:34c2c02dec5e309e8855fb13e0226645b91e93778097a8f330784d1398bfbeb0",
+    "smoke": "sha256:7fd1c6ecb34a6527aaa05d6cbb04718b78d7fa3d3ce9c442f837de02f067bff4",
+    "gdn-decode": "sha256:1ff02b036769b17aa880c1c44a3c447d8b0f82bd707d017c87a0cc39469c7033",
+}
+
+
+@pytest.mark.parametrize("name", sorted(CONTRACT_HASHES))
+def test_existing_sets_keep_their_hashes(name):
+    ss = shp.load(name)
+    assert all(s.gate_regime == "strong" for s in ss.shapes)
+    assert shp.canonical_hash(ss.name, ss.version, ss.shapes) == CONTRACT_HASHES[name] == ss.hash
+
+
+def test_gate_regime_enters_the_hash_only_away_from_strong(tmp_path):
+    a = shp.load_file(write(tmp_path, GOOD))
+    strong = shp.load_file(write(tmp_path, GOOD.replace("seed = 1", 'seed = 1\ngate_regime = "strong"'), "s.toml"))
+    long = shp.load_file(write(tmp_path, GOOD.replace("seed = 1", 'seed = 1\ngate_regime = "long"'), "l.toml"))
+    assert long.shapes[0].gate_regime == "long" and a.shapes[0].gate_regime == "strong"
+    h = [shp.canonical_hash(x.name, x.version, x.shapes) for x in (a, strong, long)]
+    assert h[0] == h[1] != h[2]
+
+
+@pytest.mark.parametrize("strong_name", ["gdn-qwen6", "kda-legacy6"])
+def test_long_sets_are_the_contract_sets_in_the_long_regime(strong_name):
+    strong, long = shp.load(strong_name), shp.load(strong_name + "-long")
+    assert long.name == strong_name + "-long" and long.version == 1
+    assert [s.id for s in long.shapes] == [s.id + "_long" for s in strong.shapes]
+    for s, l in zip(strong.shapes, long.shapes):
+        assert l.gate_regime == "long" and s.gate_regime == "strong"
+        assert l.label() == s.label() + " long-g"
+        assert shp._replace(l, id=s.id, gate_regime="strong") == s

@@ -6,13 +6,17 @@ an optional `[defaults]` table merged under every `[[shape]]`, and the shapes.
 shapes, so reformatting the TOML keeps it and any change of meaning breaks it.
 `shapes/frozen.json` records every (name, version) -> hash ever published, so a
 changed set must bump its version (and be recorded) to verify again. Fields added to the
-format later (`decode`, `pool`, `state_dtype`) enter the hash only when set away from their
+format later (`decode`, `pool`, `state_dtype`, `gate_regime`) enter the hash only when set away from their
 default, so every set frozen before them keeps its hash.
 
 Decode shapes (`decode = true`, mode decode): one new token for each of N = B sequences,
 `lens = [1]`; the sequences' states live in a pool of `pool` slots (default B) at
 `state_dtype` (float32 default; other dtypes only for decode shapes), read and updated in place
 at seeded distinct slot indices (gdnbench.data.inputs).
+
+`gate_regime` (default `strong`) picks how the decay g is drawn (gdnbench.data.inputs): `strong` is
+every set's draw before the field, `long` gives heads memories of ~10 to ~1000 tokens and some
+unbounded (g = 0), so the inter-chunk recurrence carries the answer.
 
 No torch import here: `gdnbench shapes ...` and the tests run anywhere.
 """
@@ -32,6 +36,9 @@ SHAPES_DIR = Path(__file__).resolve().parents[2] / "shapes"
 FROZEN_LEDGER = "frozen.json"
 
 GATES = {"gdn": "logsigmoid", "kda": "bounded"}
+# how the decay g is drawn (gdnbench.data.inputs): `strong`, every head forgets within a chunk; `long`, per-head
+# (KDA: per-channel) rates over two decades and some exactly 0, as in trained models
+GATE_REGIMES = ("strong", "long")
 MAX_HEAD_DIM = 256
 
 
@@ -59,6 +66,7 @@ class Shape:
     decode: bool = False
     pool: int | None = None
     state_dtype: str = "float32"
+    gate_regime: str = "strong"
 
     @property
     def varlen(self) -> bool:
@@ -98,7 +106,8 @@ class Shape:
             return (f"{self.family} H{self.H}/HV{self.HV} K{self.K} V{self.V} decode N{self.B} pool{self.pool_size} "
                     f"{self.state_dtype} state")
         mix = f"T{self.lens[0]}" + (f"xB{self.B}" if self.B > 1 else "") if not self.varlen else f"{len(self.lens)}seq/{self.tokens}"
-        return f"{self.family} H{self.H}/HV{self.HV} K{self.K} V{self.V} {mix}"
+        regime = "" if self.gate_regime == "strong" else f" {self.gate_regime}-g"
+        return f"{self.family} H{self.H}/HV{self.HV} K{self.K} V{self.V} {mix}{regime}"
 
 
 def _replace(shape: Shape, **kw) -> Shape:
@@ -144,9 +153,10 @@ _FIELDS: dict[str, tuple[tuple[type, ...], bool]] = {
     "decode": ((bool,), False),
     "pool": ((int,), False),
     "state_dtype": ((str,), False),
+    "gate_regime": ((str,), False),
 }
 # fields added after sets were first frozen -> their default: left out of the hash at the default
-_LATER_FIELDS = {"decode": False, "pool": None, "state_dtype": "float32"}
+_LATER_FIELDS = {"decode": False, "pool": None, "state_dtype": "float32", "gate_regime": "strong"}
 _TOP_KEYS = {"name", "version", "hash", "description", "defaults", "shape"}
 
 
@@ -194,6 +204,8 @@ def _parse_shape(path: str, raw: dict, defaults: dict, index: int) -> Shape:
         raise _fail(path, sid, "B", "packed lens (several lengths) need B = 1")
     if merged["gate"] != GATES[fam]:
         raise _fail(path, sid, "gate", f"{merged['gate']!r}: family {fam} uses {GATES[fam]!r}")
+    if merged.get("gate_regime", "strong") not in GATE_REGIMES:
+        raise _fail(path, sid, "gate_regime", f"{merged['gate_regime']!r} is not one of {GATE_REGIMES}")
     if merged.get("dtype", "bfloat16") not in DTYPES:
         raise _fail(path, sid, "dtype", f"{merged['dtype']!r} is not one of {DTYPES}")
     lb = merged.get("lower_bound")
