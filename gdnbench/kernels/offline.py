@@ -182,17 +182,45 @@ def compile_all(arch: int, launches: list, progress=None) -> list[Row]:
     return rows
 
 
+@contextlib.contextmanager
+def _native_stderr():
+    """Collect what the compiler's C++ side writes to fd 2 (MLIR diagnostics, IR dumps of a failed
+    pass): the yielded list holds that text once the block has exited."""
+    sys.stderr.flush()
+    saved, text = os.dup(2), []
+    with tempfile.TemporaryFile("w+") as f:
+        os.dup2(f.fileno(), 2)
+        try:
+            yield text
+        finally:
+            os.dup2(saved, 2)
+            os.close(saved)
+            f.seek(0)
+            text.append(f.read())
+
+
+def _mlir_failure(log: str) -> str:
+    """'Pass: first error' of a failed MLIR pipeline from its stderr, '' if none is named."""
+    passes = re.findall(r"Pipeline failed while executing \[`(\w+)`", log)
+    errors = re.findall(r"error: (?!Failures have been detected)(.*)", log)
+    return f"{passes[0]}: {errors[0].strip()[:120] if errors else ''}" if passes else ""
+
+
 def _compile_one(arch, kernel, grid, args, kwargs, opts, used) -> Row:
     base = dict(kernel=kernel.fn.__name__, specialization=specialization(kwargs),
                 options=" ".join(f"{k}={v}" for k, v in opts.items()), routes=used,
                 threads=32 * opts["num_warps"], limit=SMEM_LIMIT[arch])
-    try:
-        compiled = kernel.warmup(*args, grid=grid, **kwargs, **opts)
-        regs, local = resource_usage(compiled.asm["cubin"])
-    except Exception as e:  # a failure is a row: the point is every kernel's outcome
-        cause = e.__cause__ or e  # Triton's CompilationError keeps the real error in its cause
-        lines = str(cause).strip().splitlines()
-        return Row(**base, error=f"{type(cause).__name__}: {lines[-1][:160] if lines else ''}")
+    failure = None
+    with _native_stderr() as log:
+        try:
+            compiled = kernel.warmup(*args, grid=grid, **kwargs, **opts)
+            regs, local = resource_usage(compiled.asm["cubin"])
+        except Exception as e:  # a failure is a row: the point is every kernel's outcome
+            failure = e.__cause__ or e  # Triton's CompilationError keeps the real error in its cause
+    if failure is not None:
+        lines = str(failure).strip().splitlines()
+        return Row(**base, error=_mlir_failure(log[0]) or f"{type(failure).__name__}: "
+                   f"{lines[-1][:160] if lines else ''}")
     return Row(**base, registers=regs, local_bytes=local, shared_bytes=compiled.metadata.shared)
 
 
@@ -231,8 +259,9 @@ def header(arch: int) -> str:
     import triton
     from triton.backends.nvidia.compiler import get_ptxas
     ptxas = get_ptxas(arch)
+    release = re.search(r"V[\d.]+", subprocess.run([ptxas.path, "--version"], capture_output=True, text=True).stdout)
     return (f"Offline compile for sm_{arch} (nothing run): Triton {triton.__version__}, torch {torch.__version__}, "
-            f"ptxas {ptxas.version} ({os.path.basename(ptxas.path)}); bf16, K = V = 128, default configs "
+            f"{os.path.basename(ptxas.path)} {release.group(0) if release else ptxas.version}; bf16, K = V = 128, default configs "
             f"(kernels/config.py default_config), B 1, T 256, H 4, HV 8, varlen lengths 96,160.")
 
 
