@@ -194,3 +194,19 @@ def test_crash_in_a_worker_keeps_other_rows():
     crash = by[("kda_fixed", "fake_crash", "explicit")]
     assert crash["status"] == "error" and "code 17" in crash["reason"]
     assert len(rows) == 2
+
+
+def test_cuda_fwd_gates_the_timed_call_at_full_length(monkeypatch):
+    from gdnbench import measure
+
+    s = SMOKE.get("gdn_fixed_b2")  # 2 x 100 tokens
+    assert measure.gate_shape(s, "fwd", "cuda", 64) is s
+    assert measure.gate_shape(s, "fwd", "cpu", 64).tokens == 64 == measure.gate_shape(s, "fwd_bwd", "cuda", 64).tokens
+    real = measure.gate_shape
+    monkeypatch.setattr(measure, "gate_shape", lambda shape, mode, device, ct: real(shape, mode, "cuda", ct))
+    fake = fakes.RecordingFake()
+    rows = run_set(SMOKE, [], ["explicit"], device="cpu", check_tokens=64, params=FAST, shape_ids=[s.id],
+                   isolate=False, backend_objects=[fake])
+    (row,) = rows
+    assert row["status"] == "ok" and row["check"]["tokens"] == 200 and row["check"]["shortened"] is False
+    assert fake.prepared == [200]  # one closure, gated and timed: no separate shortened one
