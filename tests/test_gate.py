@@ -120,6 +120,15 @@ def test_stricter_gate_passes_storage_precision_and_fails_a_1pc_scale(s):
     assert subtle.err_o <= subtle.budget_o and not subtle.passed and "output scale error" in subtle.reason
     bad_state = check.judge(oracle, *rounded[:1], rounded[1] * 1.01)
     assert not bad_state.passed and "final-state" in bad_state.reason
+    short_head, last_tokens = rounded[0].clone(), rounded[0].clone()
+    short_head[0, 220:, 1] = 0  # head 1 of the 40-token sequence
+    last_tokens[0, [89, 219, 259]] = 0
+    g_shift = torch.cat([inp.g[:, :1], inp.g[:, :-1]], 1)  # token t decays with t-1's gate
+    o_shift, s_shift = recurrence(inp.q, inp.k, inp.v, g_shift, inp.beta, dtype=torch.float64, **kw)
+    for name, (o, st) in {"short sequence's head zeroed": (short_head, rounded[1]),
+                          "last tokens zeroed": (last_tokens, rounded[1]),
+                          "gate off by one token": (o_shift.to(torch.bfloat16), s_shift.float())}.items():
+        assert not check.judge(oracle, o, st).passed, name
 
 
 def test_errors_name_the_worst_row():
