@@ -184,3 +184,17 @@ class DoubledRowFake(PerturbedFake):
 
     def perturb(self, o, s):
         return _middle_row(o, 2.0), s
+
+
+class RecordingFake(CorrectFake):
+    """The reference, noting the token count of every input it prepares a closure for."""
+
+    name = "fake_recording"
+    routes = ("explicit",)
+
+    def __init__(self):
+        self.prepared: list[int] = []
+
+    def prepare(self, shape, route, inputs):
+        self.prepared.append(inputs.v.shape[0] * inputs.v.shape[1])
+        return super().prepare(shape, route, inputs)

@@ -121,6 +121,15 @@ def test_stricter_gate_passes_storage_precision_and_fails_a_1pc_scale(s):
     assert subtle.err_o <= subtle.budget_o and not subtle.passed and "output scale error" in subtle.reason
     bad_state = check.judge(oracle, *rounded[:1], rounded[1] * 1.01)
     assert not bad_state.passed and "final-state" in bad_state.reason
+    short_head, last_tokens = rounded[0].clone(), rounded[0].clone()
+    short_head[0, 220:, 1] = 0  # head 1 of the 40-token sequence
+    last_tokens[0, [89, 219, 259]] = 0
+    g_shift = torch.cat([inp.g[:, :1], inp.g[:, :-1]], 1)  # token t decays with t-1's gate
+    o_shift, s_shift = recurrence(inp.q, inp.k, inp.v, g_shift, inp.beta, dtype=torch.float64, **kw)
+    for name, (o, st) in {"short sequence's head zeroed": (short_head, rounded[1]),
+                          "last tokens zeroed": (last_tokens, rounded[1]),
+                          "gate off by one token": (o_shift.to(torch.bfloat16), s_shift.float())}.items():
+        assert not check.judge(oracle, o, st).passed, name
 
 
 def test_errors_name_the_worst_row():
@@ -195,3 +204,19 @@ def test_crash_in_a_worker_keeps_other_rows():
     crash = by[("kda_fixed", "fake_crash", "explicit")]
     assert crash["status"] == "error" and "code 17" in crash["reason"]
     assert len(rows) == 2
+
+
+def test_cuda_fwd_gates_the_timed_call_at_full_length(monkeypatch):
+    from gdnbench import measure
+
+    s = SMOKE.get("gdn_fixed_b2")  # 2 x 100 tokens
+    assert measure.gate_shape(s, "fwd", "cuda", 64) is s
+    assert measure.gate_shape(s, "fwd", "cpu", 64).tokens == 64 == measure.gate_shape(s, "fwd_bwd", "cuda", 64).tokens
+    real = measure.gate_shape
+    monkeypatch.setattr(measure, "gate_shape", lambda shape, mode, device, ct: real(shape, mode, "cuda", ct))
+    fake = fakes.RecordingFake()
+    rows = run_set(SMOKE, [], ["explicit"], device="cpu", check_tokens=64, params=FAST, shape_ids=[s.id],
+                   isolate=False, backend_objects=[fake])
+    (row,) = rows
+    assert row["status"] == "ok" and row["check"]["tokens"] == 200 and row["check"]["shortened"] is False
+    assert fake.prepared == [200]  # one closure, gated and timed: no separate shortened one

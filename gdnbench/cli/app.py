@@ -98,8 +98,8 @@ def run(
     l2: str = typer.Option("warm", help="warm, or cold: flush L2 before each timed call."),
     warmup: int = typer.Option(10, min=0), rounds: int = typer.Option(5, min=1),
     iters: int = typer.Option(20, min=1, help="Timed calls per route per round."),
-    check_tokens: Optional[int] = typer.Option(None, help="Oracle length cap (default 8192 on CUDA, 1024 on CPU "
-                                                "and in fwd_bwd mode)."),
+    check_tokens: Optional[int] = typer.Option(None, help="Oracle length cap (default 1024 on CPU and in fwd_bwd "
+                                                "mode; CUDA fwd gates the full-length call)."),
     isolate: bool = typer.Option(True, help="Run each shape in a worker subprocess (crash isolation)."),
     plot_chart: bool = typer.Option(True, "--plot/--no-plot", help="Write a PNG chart next to each results file."),
     worker_timeout: float = typer.Option(1800, help="Seconds before a shape's worker is killed."),
