@@ -108,7 +108,7 @@ def record(K: int = 128, V: int = 128) -> list:
     """(route, kernel, grid, cfg, args, kwargs) of every launch of every route, bf16, nothing run."""
     import torch
 
-    from .. import ops
+    from . import ops
     launches, label = [], [""]
 
     def intercept(kernel, grid, cfg, *args, hooks=True, **kwargs):
