@@ -331,7 +331,7 @@ def test_validate_rejects(cfg, K, V, match):
 
 
 def test_small_head_hazards():
-    """Configs that read shared memory out of bounds on the H200 at K=32, V=16 (session 11 memcheck) are
+    """Configs that read shared memory out of bounds on the H200 at K=32, V=16 (compute-sanitizer memcheck) are
     rejected, and default_config steps their num_warps down; the K = V = 128 defaults keep theirs."""
     with pytest.raises(ValueError, match=r"config\.wu: num_warps=8 at K=32, V=16: fp32 w/u"):
         validate(GDNConfig(), 32, 16, dtype_bytes=4)

@@ -233,7 +233,7 @@ def test_floor_of_a_row_and_its_fractions():
 
 
 def test_h200_sanity_fractions():
-    """The numbers measured on our H200 (FIELD-NOTES.md) under this model."""
+    """The numbers measured on our H200 (copy ~4.3 TB/s, bf16 matmul ~790 TFLOP/s) under this model."""
     from gdnbench.data import shapes
 
     c = rf.H200_FIELD_NOTES

@@ -119,7 +119,7 @@ CHUNK = 64
 FP32 = 4
 # standalone l2norm passes per route (each: read the tensor, write the normalized copy)
 ROUTE_L2_PASSES = {"explicit": ("q", "k"), "flag": ("q", "k"), "fused_q": ("k",), "fused_qk": (), "none": ()}
-# numbers measured on our H200 (FIELD-NOTES.md), for sanity checks and as a stand-in calibration
+# numbers measured on our H200 (d2d copy ~4.3 TB/s, bf16 8192^3 matmul ~790 TFLOP/s), for sanity checks and as a stand-in calibration
 H200_BANDWIDTH = 4.3e12
 H200_MATMUL = 790e12
 

@@ -55,7 +55,7 @@ class L2NormConfig:
 class GDNConfig:
     """One config per stage kernel of :func:`gdnbench.kernels.ops.chunk_gdn` and :func:`gdnbench.kernels.ops.chunk_kda`.
 
-    Defaults are the fastest of ``scripts/gpu_gdn_check.py --sweep`` on the H200
+    Defaults are the fastest of a per-stage config sweep on the H200
     (B1 T8192 H16 HV32, K = V = 128, bf16, Triton 3.6), per stage: gram 344 -> 126 us
     (2 warps, BK 64), w/u 98 -> 78 us, state 258 -> 164 us (3 stages), output
     202 -> 106 us (BK 64, BV 128, 4 warps) against the first, spill-free picks."""
@@ -83,8 +83,8 @@ class GDNConfig:
     # KDA only: per-channel gate cumsum (g_cs, times log2 e), per (chunk, head, K block)
     kda_cumsum: KernelConfig = field(default_factory=lambda: KernelConfig(BK=64, num_warps=4, num_stages=1))
     # KDA only: gated K K^T and Q K^T grams from g_cs, (I + A)^-1 solve, per (chunk, head, gram).
-    # H200, kda-legacy6 h96_fixed, with bf16 dot operands: 988 us at 2 warps, 1461 at 4
-    # (logs/20261130_kda_intra_variants.log); the tf32 version was bound by shared-memory staging
+    # H200, kda-legacy6 h96_fixed, this stage alone, with bf16 dot operands: 988 us at 2 warps, 1461 at 4;
+    # the tf32 version was bound by shared-memory staging
     # (ncu: L1 72 %, 12 % occupancy from 234 registers), not by the dots
     kda_intra: KernelConfig = field(default_factory=lambda: KernelConfig(BK=32, num_warps=2, num_stages=1))
 
@@ -140,7 +140,7 @@ def _smem_estimate(name: str, c, K: int, V: int, elt: int, family: str = "gdn") 
         return st * 3 * BT * block(c.BK, K) * elt + BT * BT * 4
     if name == "state_out":
         # the w, q and k tiles of every piece, the Aqk and u tiles, per stage after the first; calibrated on
-        # offline sm_90 compiles (Triton 3.6, logs/20261130_session13/one_pass_smem_offline.log): fp32 K 128
+        # 48 offline sm_90 compiles (Triton 3.6), validate's verdict matching each compiled size: fp32 K 128
         # BV 32 takes 32768 / 139524 / 262664 B at 1 / 2 / 3 stages (this gives 32768 / 155648 / 278528);
         # 16-bit builds take 12-34 KB at any stage count
         bv, piece = block(c.BV, V), state_piece(c, K)
@@ -160,7 +160,7 @@ def _smem_estimate(name: str, c, K: int, V: int, elt: int, family: str = "gdn") 
 def _codegen_hazard(name: str, c, K: int, V: int, elt: int) -> str | None:
     """Why a kernel config is known to go wrong on sm_90 (Triton 3.6), or None.
 
-    compute-sanitizer on the H200, one process at a time (logs/20261130_session11/): at K = 32, V = 16,
+    compute-sanitizer memcheck on the H200, one process at a time: at K = 32, V = 16,
     wu_kernel with fp32 storage at 8 warps reads shared memory out of bounds at its w or u dot (clean at
     4), and the output kernels in 16-bit storage at 4 warps do so at the final [64, 64] x [64, 16] dot,
     every route (clean at 2 warps or BK 16); KDA fused_qk bf16 there gave a wrong o (rel-RMS 0.73)

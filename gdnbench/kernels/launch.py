@@ -1,12 +1,12 @@
 """Launch our kernels with less host time than Triton's JIT path.
 
 ``kernel[grid](...)`` cost 20.5 us of host time per launch on the H200 machine (Triton 3.6,
-session 12 ``launch_probe.log``); the compiled kernel's own launcher was 6.6 of that, the rest
+perf_counter around each launch); the compiled kernel's own launcher was 6.6 of that, the rest
 binding and specializing the arguments, building the cache key and finding the compiled kernel.
 A forward makes four to eight launches and is host-bound on the serving shapes, so after the
 first launch of a specialization :func:`launch` calls the compiled kernel directly.  Against the
-JIT path on the same machine (session 13, ``host_fast.log``, four shapes x four routes): host time
-per forward 0.803x, wall 0.882x, outputs bitwise equal.
+JIT path on the same machine (alternated, best of four rounds, four shapes x four routes): host time
+per forward 0.803x, wall 0.882x (geomean of 16), outputs bitwise equal.
 
 Its key holds what Triton specializes on for our kernels' arguments: the constexpr values and
 compile options, and per runtime argument: None, a tensor's dtype and 16-byte alignment, an

@@ -318,9 +318,9 @@ def chunk_output(q, k, v_new, h, g_cs, *, scale, rstd_k=None, ssq_k=None, fuse_q
 
 
 # one pass from this many (value head, sequence) streams over the longest sequence, HV * tokens / longest.
-# H200, the two stages (logs/20261130_session13/state_out_aqk.log): h2_hv8_serving (16 streams) lost,
+# H200, the two stages alone (CUDA graphs, tuned configs): h2_hv8_serving (16 streams) lost,
 # 1.103; h4_hv8_mixed (21.4) won, 0.978, as did every shape of 32 streams or more (0.834-0.918).  In the
-# whole explicit forward (runs d8840d1 -> a0f8088) h4_hv8_mixed broke even, 1.014, the others 0.886-0.950
+# whole explicit forward (gdn-qwen6 runs, two kernels -> one pass) h4_hv8_mixed broke even, 1.014, the others 0.886-0.950
 ONE_PASS_MIN_STREAMS = 20
 
 

@@ -5,7 +5,7 @@ K-tile loop runs on the raw q and one row factor 1/sqrt(ssq + eps) is applied at
 the end, before the fp32 -> 16-bit cast of the intra-chunk gram.  The row sums
 of squares are the diagonal of one more tensor-core product, q q^T, accumulated
 in the same loop.  Measured on the H200 (B1 T8192 H16 HV32 K=V=128 bf16, Triton
-3.6, results/nvidia-h200/logs/20261130_output_variants.log): the q q^T diagonal
+3.6, the output stage alone, best config of each form): the q q^T diagonal
 costs 104.7 us for the stage against 98.6 us unfused; summing the squares of the
 loaded q tile instead (tl.sum in the loop) cost 117-121 us, and with the loop
 software-pipelined (BK 64, 4 warps, 2 stages) it gave wrong sums (rel-RMS 0.23 of o),

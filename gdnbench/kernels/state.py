@@ -20,10 +20,9 @@ of w and u, so v_new = u - w h carries it and k^T v_new is k_norm^T times the un
 PIECE is the config's BK (64 when unset), searched by the autotuner.  The loop is latency-bound:
 under ncu (H200, h16_hv32_fixed8k, 64-row pieces) one warp per scheduler issues every 4.4 cycles, and
 a fifth of the stall samples sit at the wgmma waits, one per piece and dot.  One 128-row piece halves
-those waits; in the gdn-qwen6 run of session 12 the state kernel went 151.6 -> 144.9 us at
+those waits; in a gdn-qwen6 run with the height searched the state kernel went 151.6 -> 144.9 us at
 h16_hv32_fixed8k, 75.7 -> 70.5 at h2_hv8_serving and 585.5 -> 571.7 at 32K, while HV64 and KDA kept
-64-row pieces.  In a prototype, K = 192 as one 256-row piece lost, 212 -> 250 us
-(logs/20261130_session12/).
+64-row pieces.  In a prototype, K = 192 as one 256-row piece lost, 212 -> 250 us.
 """
 
 import triton

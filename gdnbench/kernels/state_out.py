@@ -8,7 +8,7 @@ the state kernel does, and the program that owns h's [K, BV] slab also writes o'
     v_new = u - w h;   o = scale * (exp2(c) * (q h) + Aqk v_new);   h = exp2(c_last) h + k^T (...)
 
 so neither h per chunk nor v_new goes through memory.  Measured on the H200 (gdn-qwen6, Triton 3.6,
-logs/20261130_session13/state_out_aqk.log, a prototype of these kernels, CUDA graphs): aqk +
+a prototype of these kernels, CUDA graphs): aqk +
 state_out against state + output at their tuned configs 0.918 (h16_hv32_fixed8k), 0.834
 (h16_hv64_fixed8k), 0.978 (h4_hv8_mixed), 0.836 (h16_hv48_uniform), 0.850 (32K), and 1.103 on
 h2_hv8_serving: each chunk step is longer, which the longest sequence pays once per chunk, while
@@ -19,11 +19,11 @@ FUSE_Q (fused_q, fused_qk): q is raw.  aqk_kernel accumulates q k^T and q q^T in
 chunk's rows, takes q's rstd r from the diagonal (overflow-safe, as the output kernel does), scales
 Aqk's rows by it and writes c_q [B,T,HV,2] fp32, each row's (c, c + log2 r); state_out loads that
 pair where the plain form loads c, and q h's rows take exp2(c + log2 r) = exp2(c) r.  Measured on the
-H200 (state_out alone, fused tuned configs, logs/20261130_session14/so_var*.log): r loaded as its own
+H200 (state_out alone, fused tuned configs, CUDA graphs): r loaded as its own
 [64] vector beside c cost 187 -> 248 us at h16_hv32_fixed8k and 727 -> 968 at 32K (about a program per SM
 and four warps: nothing hides a load's latency in the serial loop, and prefetching it a chunk ahead
 still left 227 / 874); in the tile that brings c it costs 189 / 731.  An earlier form that normalized
-q's tiles before every dot cost 29 us more at h16_hv32_fixed8k and 110-112 at 32K (session 13).
+q's tiles before every dot cost 29 us more at h16_hv32_fixed8k and 110-112 at 32K (tuned).
 Under fused_qk k is raw and v_new's rows carry k's rstd (the w/u kernel puts it on w and u), so Aqk is
 built on raw k; where a raw product overflows fp32 (|q| |k| beyond ~1e38) aqk_kernel redoes the chunk
 with q normalized on load (|q_norm . k| <= |k|), and with fp16 storage ops keeps Aqk in fp32 (raw k may
