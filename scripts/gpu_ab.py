@@ -86,7 +86,7 @@ def main():
     for shape in chosen:
         x = inputs_mod.make_inputs(shape).to("cuda")
         for route in routes:
-            old_cfg, label = old_tuned.tuned_config(shape, route, env, cache_dir=tuned.TUNED_DIR)
+            old_cfg, label = old_tuned.tuned_config(shape, route, env, cache_dir=tuned.SHIPPED_TUNED_DIR)
             calls = {"old": call_of("gdnbench_old", shape, route, x, old_cfg),
                      "new": call_of("gdnbench", shape, route, x, convert(old_cfg, take))}
             outs = {k: fn() for k, fn in calls.items()}

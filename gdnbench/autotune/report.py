@@ -77,10 +77,11 @@ class Tally:
                 self.failed += 1
 
 
-def report_rows(cache_dir: Path = tuned.TUNED_DIR) -> list[dict]:
-    """Per cache entry: default vs tuned stage time, their ratio and the winning config."""
+def report_rows(cache_dir=None) -> list[dict]:
+    """Per cache entry (every root of tuned.read_dirs): default vs tuned stage time, their ratio and the
+    winning config."""
     rows = []
-    for path in sorted(Path(cache_dir).glob("*/*.json")):
+    for path in [p for root in tuned.read_dirs(cache_dir) for p in sorted(root.glob("*/*.json"))]:
         for e in tuned.load_entries(path):
             d, b = (e.get("default") or {}).get("time_us"), (e.get("best") or {}).get("time_us")
             win = tuned.winner(e)
@@ -96,7 +97,7 @@ def report_rows(cache_dir: Path = tuned.TUNED_DIR) -> list[dict]:
     return rows
 
 
-def report_table(cache_dir: Path = tuned.TUNED_DIR):
+def report_table(cache_dir=None):
     """The report rows as a gdnbench.analysis.report.Table (µs; ratio = tuned / default, < 1 is faster)."""
     from ..analysis.report import Table
 
