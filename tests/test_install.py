@@ -46,7 +46,8 @@ def test_unpacked_wheel_loads_every_shipped_set_and_the_winners(wheel, tmp_path)
     """From a folder that is no checkout: every set loads and verifies, the winners are read."""
     site = tmp_path / "site"
     zipfile.ZipFile(wheel).extractall(site)
-    code = ("import json, gdnbench, gdnbench.data.shapes as s, gdnbench.kernels.tuned as t, gdnbench.data.results as r\n"
+    code = ("import json, gdnbench, gdnbench.data.shapes as s, gdnbench.kernels.tuned as t\n"
+            "import gdnbench.data.results as r\n"
             "sets = {n: s.load(n) for n in s.available()}\n"
             "bad = [p for ss in sets.values() for p in s.verify(ss, s.ledger_for(ss))]\n"
             "rows = [e for d in t.read_dirs() for f in d.glob('*/*.json') for e in t.load_entries(f)]\n"

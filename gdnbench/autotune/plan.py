@@ -143,7 +143,8 @@ def cached_tasks(tasks: list[Task], shape, env: dict, opts: TuneOptions) -> dict
 
 
 def cached_on(cache_dir, task: Task, shape) -> dict[str, dict]:
-    """GPU folder -> entry, for the folders under the roots of ``cache_dir`` (tuned.read_dirs) holding a working entry of this search
+    """GPU folder -> entry, for the folders under the roots of ``cache_dir`` (tuned.read_dirs) holding a
+    working entry of this search
     for the current kernel source: what --dry-run, which knows no GPU, marks as cached (a real run
     also matches the compute capability and Triton version)."""
     want = {"shape_key": tuned.shape_key(shape), "variant": task.variant, "source_hash": tuned.source_hash(task.kernel)}

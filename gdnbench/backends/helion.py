@@ -10,8 +10,8 @@ caller's l2norm, gdnbench.kernels.ops.l2norm, then the Helion pipeline), `flag` 
 Configs (`gdnbench run --helion-effort none|quick|full`, passed to the workers as GDNBENCH_HELION_EFFORT):
 `none` runs Helion's default config of each kernel, no tuning; `quick` / `full` take a cached config
 from <cache>/tuned/<gpu>/helion/ (the user cache, gdnbench.paths; Config.save / Config.load; an entry
-per kernel, route variant and shape key, keyed by GPU name, compute capability, helion / torch / triton versions and the sha256 of
-helion_gdn.py) or tune with Helion's autotuner at that effort (HELION_AUTOTUNE_EFFORT's presets) on
+per kernel, route variant and shape key, keyed by GPU name, compute capability, helion / torch / triton
+versions and the sha256 of helion_gdn.py) or tune with Helion's autotuner at that effort (HELION_AUTOTUNE_EFFORT's presets) on
 the full shape in prepare, outside the timed region, and save what it found. The row's `config` says
 which: `default`, `tuned (cached, effort E)` or `tuned now (effort E)`. The gate's shortened copy of a
 shape runs the configs resolved for the full shape.

@@ -474,7 +474,8 @@ def shapes_list():
     for name, path in shp.available().items():
         with _bad_input_exits():
             ss = shp.load_file(path)
-        rows.append([ss.name, str(ss.version), ",".join(ss.families), str(len(ss.shapes)), ss.hash[:19], ss.description])
+        rows.append([ss.name, str(ss.version), ",".join(ss.families), str(len(ss.shapes)), ss.hash[:19],
+                     ss.description])
     print_tables(console, [rep.Table(f"shape sets ({shp.SHAPES_DIR})",
                                      ["name", "version", "families", "shapes", "hash", "description"], rows)])
 

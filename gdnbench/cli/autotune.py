@@ -321,7 +321,8 @@ def register(app: typer.Typer) -> None:
         except KeyboardInterrupt:
             if dist.rank == 0:
                 who = " by rank 0 (every rank saves its own)" if dist.world > 1 and opts.shard == "searches" else ""
-                _fail(f"interrupted: {tally.written} finished search(es) saved under {tuned.write_dir(opts.cache_dir)}{who} "
+                where = tuned.write_dir(opts.cache_dir)
+                _fail(f"interrupted: {tally.written} finished search(es) saved under {where}{who} "
                       f"({tally.skipped} skipped as cached); run the same command again to resume", EXIT_INTERRUPTED)
             raise typer.Exit(EXIT_INTERRUPTED)
         tallies = dist.all_gather(tally)
