@@ -32,9 +32,9 @@ class NoCudaError(RuntimeError):
 
 
 def _results_dir() -> Path:
-    from ..data.results import RESULTS_DIR
+    from ..paths import results_dir
 
-    return RESULTS_DIR
+    return results_dir()
 
 
 def _time_us(fn, warmup: int, repeats: int) -> list[float]:

@@ -48,7 +48,8 @@ def plot(doc: dict, out: str | Path, kind: str = "gpu", baseline: str | None = N
     ss = doc["shape_set"]
     gpu = doc.get("env", {}).get("gpu", {}).get("name", "CPU")
     ax_t.set_title(f"{ss['name']} v{ss['version']} on {gpu}: bars = {kind} time")
-    ax_t.legend(fontsize=8, ncols=2)
+    # outside the axes, right of the bars: inside, it covered the first shapes' bars
+    ax_t.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0), borderaxespad=0)
     ax_t.grid(axis="y", alpha=0.3)
     if baseline:
         ax_r.axhline(1.0, color="black", lw=0.8)
@@ -66,6 +67,6 @@ def save_figure(fig, out: str | Path) -> Path:
     fig.tight_layout()
     out = Path(out)
     out.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(out, dpi=110)
+    fig.savefig(out, dpi=110, bbox_inches="tight")  # "tight" keeps a legend placed outside the axes
     plt.close(fig)
     return out

@@ -396,12 +396,9 @@ def report_tables(doc: dict, baseline: str | None = None, pairs: list[str] | Non
     return tables
 
 
-def compare(a: dict, b: dict, mode: str | None = None, backends: list[str] | None = None) -> list[Table]:
-    """Per-row and geomean B/A time ratios of two runs of the same shape set.
-
-    Rows skipped in both runs are left out; every other row without a time on both sides is
-    listed as excluded. `backends` restricts the comparison (e.g. to a backend whose code
-    did not change between the runs)."""
+def _matched(a: dict, b: dict, mode: str | None, backends: list[str] | None):
+    """(row keys compared, A's rows, B's rows): CompareError when the shape sets differ; rows skipped in
+    both runs are left out."""
     mode = mode or run_mode(a)
     ha, hb = a["shape_set"]["hash"], b["shape_set"]["hash"]
     if ha != hb:
@@ -411,6 +408,32 @@ def compare(a: dict, b: dict, mode: str | None = None, backends: list[str] | Non
     keys = [k for k in ia if k in ib] + [k for k in ib if k not in ia] + [k for k in ia if k not in ib]
     keys = [k for k in dict.fromkeys(keys) if not backends or k[1] in backends]
     keys = [k for k in keys if any(r is not None and r["status"] != "skipped" for r in (ia.get(k), ib.get(k)))]
+    return keys, ia, ib
+
+
+def compare_ratios(a: dict, b: dict, mode: str | None = None, backends: list[str] | None = None,
+                   rows: bool = False) -> list[tuple[str, float]]:
+    """(label, B/A) of each time kind's geomean over the rows timed in both runs, and with ``rows`` of
+    each such row: what ``gdnbench compare --fail-above`` holds against its limit."""
+    keys, ia, ib = _matched(a, b, mode, backends)
+    out = []
+    for kind in TIME_KINDS:
+        per_row = [(f"{k[0]} {k[1]}:{k[2]} [{kind}]", median(ib.get(k), kind) / median(ia.get(k), kind))
+                   for k in keys if median(ia.get(k), kind) and median(ib.get(k), kind)]
+        if per_row:
+            gm = math.exp(sum(math.log(r) for _, r in per_row) / len(per_row))
+            out.append((f"geomean [{kind}] over {len(per_row)} rows", gm))
+        out += per_row if rows else []
+    return out
+
+
+def compare(a: dict, b: dict, mode: str | None = None, backends: list[str] | None = None) -> list[Table]:
+    """Per-row and geomean B/A time ratios of two runs of the same shape set.
+
+    Rows skipped in both runs are left out; every other row without a time on both sides is
+    listed as excluded. `backends` restricts the comparison (e.g. to a backend whose code
+    did not change between the runs)."""
+    keys, ia, ib = _matched(a, b, mode, backends)
     rows, notes = [], []
     logs = {k: [] for k in TIME_KINDS}
     for key in keys:
@@ -449,6 +472,47 @@ def to_markdown(tables: list[Table]) -> str:
             out.append(f"- {n}")
         out.append("")
     return "\n".join(out)
+
+
+def to_text(tables: list[Table]) -> str:
+    """Plain aligned columns at full width, nothing wrapped: the tables where stdout is no terminal."""
+    out = []
+    for t in tables:
+        widths = [max(len(x) for x in [c, *(r[i] if i < len(r) else "" for r in t.rows)])
+                  for i, c in enumerate(t.columns)]
+        out.append(t.title)
+        for line in [t.columns, ["-" * w for w in widths], *t.rows]:
+            out.append("  ".join(cell.ljust(w) for cell, w in zip(line, widths)).rstrip())
+        out += [f"  {n}" for n in t.notes] + [""]
+    return "\n".join(out)
+
+
+def to_csv(tables: list[Table]) -> str:
+    """Each table as a CSV block (a header line, then its rows), each line led by the table's title;
+    blocks separated by an empty line. Notes are left out."""
+    import csv
+    import io
+
+    buf = io.StringIO()
+    w = csv.writer(buf, lineterminator="\n")
+    for i, t in enumerate(tables):
+        if i:
+            buf.write("\n")
+        w.writerow(["table", *t.columns])
+        w.writerows([t.title, *r] for r in t.rows)
+    return buf.getvalue()
+
+
+def to_json(tables: list[Table]) -> str:
+    """{"tables": [{title, columns, rows: [{column: cell}], notes}]}."""
+    import json
+
+    return json.dumps({"tables": [{"title": t.title, "columns": t.columns,
+                                   "rows": [dict(zip(t.columns, r)) for r in t.rows], "notes": t.notes}
+                                  for t in tables]}, indent=1, ensure_ascii=False) + "\n"
+
+
+FORMATS = {"markdown": to_markdown, "csv": to_csv, "json": to_json, "text": to_text}
 
 
 def to_rich(t: Table):

@@ -105,7 +105,7 @@ class TuneOptions:
     rounds: int = 3
     iters: int = 20
     timeout_s: float = 600.0
-    cache_dir: Path = tuned.TUNED_DIR
+    cache_dir: Path | None = None  # None: write the user cache, read it then the shipped winners
     retune: bool = False  # search again where a current cache entry exists
     compile_workers: int = 0  # per rank; see CompilePool
     seeds: bool = True  # start coordinate descent from the fastest of the default and seed_points()
@@ -142,13 +142,14 @@ def cached_tasks(tasks: list[Task], shape, env: dict, opts: TuneOptions) -> dict
     return {i: "cached: " + entry_summary(e) for i, e in found.items() if e}
 
 
-def cached_on(cache_dir: Path, task: Task, shape) -> dict[str, dict]:
-    """GPU folder -> entry, for the folders under ``cache_dir`` holding a working entry of this search
+def cached_on(cache_dir, task: Task, shape) -> dict[str, dict]:
+    """GPU folder -> entry, for the folders under the roots of ``cache_dir`` (tuned.read_dirs) holding a
+    working entry of this search
     for the current kernel source: what --dry-run, which knows no GPU, marks as cached (a real run
     also matches the compute capability and Triton version)."""
     want = {"shape_key": tuned.shape_key(shape), "variant": task.variant, "source_hash": tuned.source_hash(task.kernel)}
     out = {}
-    for path in sorted(Path(cache_dir).glob(f"*/{task.kernel}.json")):
+    for path in [p for root in tuned.read_dirs(cache_dir) for p in sorted(root.glob(f"*/{task.kernel}.json"))]:
         for e in tuned.load_entries(path):
             key = e.get("key", {})
             if all(key.get(k) == v for k, v in want.items()) and has_winner(e):

@@ -77,10 +77,11 @@ class Tally:
                 self.failed += 1
 
 
-def report_rows(cache_dir: Path = tuned.TUNED_DIR) -> list[dict]:
-    """Per cache entry: default vs tuned stage time, their ratio and the winning config."""
+def report_rows(cache_dir=None) -> list[dict]:
+    """Per cache entry (every root of tuned.read_dirs): default vs tuned stage time, their ratio and the
+    winning config."""
     rows = []
-    for path in sorted(Path(cache_dir).glob("*/*.json")):
+    for path in [p for root in tuned.read_dirs(cache_dir) for p in sorted(root.glob("*/*.json"))]:
         for e in tuned.load_entries(path):
             d, b = (e.get("default") or {}).get("time_us"), (e.get("best") or {}).get("time_us")
             win = tuned.winner(e)
@@ -96,7 +97,7 @@ def report_rows(cache_dir: Path = tuned.TUNED_DIR) -> list[dict]:
     return rows
 
 
-def report_table(cache_dir: Path = tuned.TUNED_DIR):
+def report_table(cache_dir=None):
     """The report rows as a gdnbench.analysis.report.Table (µs; ratio = tuned / default, < 1 is faster)."""
     from ..analysis.report import Table
 
@@ -113,8 +114,22 @@ def report_table(cache_dir: Path = tuned.TUNED_DIR):
                                              "ratio", "winner", "evaluated/failed", ""], body, notes)
 
 
+def tested_runs(xs: list, ticks: list, none_x) -> list[list]:
+    """``xs`` (one series' tested maxnreg values, sorted) cut into runs of neighbours on ``ticks`` (every
+    value some series tested): a line joins two points only when no value between them went untested
+    by this series, and never joins the compiler's choice (``none_x``) to a number."""
+    have, runs, cur = set(xs), [], []
+    for x in ticks:
+        if x in have and x != none_x:
+            cur.append(x)
+        else:
+            runs, cur = runs + [cur] if len(cur) > 1 else runs, []
+    return runs + [cur] if len(cur) > 1 else runs
+
+
 def chart(entry: dict, out: str | Path) -> Path:
-    """Stage time against maxnreg, one line per num_warps (best over the other dimensions)."""
+    """Stage time against maxnreg, markers per num_warps (best over the other dimensions), joined by a
+    line only across maxnreg values that series tested side by side."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -131,13 +146,16 @@ def chart(entry: dict, out: str | Path) -> Path:
     if not best:
         raise ValueError("nothing to plot: no ok candidates")
     fig, ax = plt.subplots(figsize=(8, 4.5))
-    for w in sorted({k[0] for k in best}):
+    ticks = sorted({k[1] for k in best})
+    cmap = plt.get_cmap("tab10")
+    for i, w in enumerate(sorted({k[0] for k in best})):
         pts = sorted((x, t) for (ww, x), t in best.items() if ww == w)
-        ax.plot([x for x, _ in pts], [t for _, t in pts], marker="o", label=f"{w} warps")
+        ax.plot([x for x, _ in pts], [t for _, t in pts], "o", color=cmap(i % 10), label=f"{w} warps")
+        for run in tested_runs([x for x, _ in pts], ticks, none_x):
+            ax.plot(run, [best[(w, x)] for x in run], "-", color=cmap(i % 10))
     d = (entry.get("default") or {}).get("time_us")
     if d:
         ax.axhline(d, color="black", lw=0.8, ls="--", label="default config")
-    ticks = sorted({k[1] for k in best})
     ax.set_xticks(ticks)
     ax.set_xticklabels(["none" if x == none_x else str(x) for x in ticks], rotation=90, fontsize=7)
     ax.set_xlabel("maxnreg (none = compiler's choice)")
@@ -145,7 +163,7 @@ def chart(entry: dict, out: str | Path) -> Path:
     key = entry.get("key", {})
     ax.set_title(f"{entry.get('kernel')} [{entry.get('variant')}] {key.get('shape_key')} on {key.get('gpu')}",
                  fontsize=9)
-    ax.legend(fontsize=8)
+    ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0), borderaxespad=0)
     ax.grid(alpha=0.3)
     from ..analysis.plot import save_figure
 

@@ -162,8 +162,8 @@ def seed_points(cache_dir: Path, env: dict, task: Task, shape, limit: int = MAX_
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", tuned.StaleEntry)
         for kernel in SEED_KERNELS.get(task.kernel, (task.kernel,)):
-            entries += [(kernel, e) for e in tuned.load_entries(tuned.cache_path(cache_dir, want["gpu"] or "unknown",
-                                                                                 kernel))]
+            entries += [(kernel, e) for root in tuned.read_dirs(cache_dir)
+                        for e in tuned.load_entries(tuned.cache_path(root, want["gpu"] or "unknown", kernel))]
     for kernel, e in entries:
         key = e.get("key", {})
         if any(key.get(k) != want[k] for k in ("gpu", "compute_capability", "triton")):

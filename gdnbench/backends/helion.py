@@ -9,9 +9,9 @@ caller's l2norm, gdnbench.kernels.ops.l2norm, then the Helion pipeline), `flag` 
 
 Configs (`gdnbench run --helion-effort none|quick|full`, passed to the workers as GDNBENCH_HELION_EFFORT):
 `none` runs Helion's default config of each kernel, no tuning; `quick` / `full` take a cached config
-from results/tuned/<gpu>/helion/ (Config.save / Config.load; an entry per kernel, route variant and
-shape key, keyed by GPU name, compute capability, helion / torch / triton versions and the sha256 of
-helion_gdn.py) or tune with Helion's autotuner at that effort (HELION_AUTOTUNE_EFFORT's presets) on
+from <cache>/tuned/<gpu>/helion/ (the user cache, gdnbench.paths; Config.save / Config.load; an entry
+per kernel, route variant and shape key, keyed by GPU name, compute capability, helion / torch / triton
+versions and the sha256 of helion_gdn.py) or tune with Helion's autotuner at that effort (HELION_AUTOTUNE_EFFORT's presets) on
 the full shape in prepare, outside the timed region, and save what it found. The row's `config` says
 which: `default`, `tuned (cached, effort E)` or `tuned now (effort E)`. The gate's shortened copy of a
 shape runs the configs resolved for the full shape.
@@ -173,9 +173,10 @@ class HelionBackend(Backend):
     no_decode = "has no decode kernel (our Helion kernels are a chunked forward)"
 
     def __init__(self, cache_dir: Path | None = None):
-        from ..kernels.tuned import TUNED_DIR
+        from ..kernels.tuned import read_dirs, write_dir
 
-        self.cache_dir = Path(cache_dir) if cache_dir is not None else TUNED_DIR
+        self.cache_dir = write_dir(cache_dir)  # where new configs go; read_dirs: where they are looked up
+        self.read_dirs = read_dirs(cache_dir)
         self._resolved: dict = {}  # (shape id, route) -> {kernel: helion.Config}: the full shape's configs
 
     def is_available(self):
@@ -223,7 +224,8 @@ class HelionBackend(Backend):
         kernels = self._kernels(route, shape.family)
         for kernel, variant in kernels:
             for e in ((eff, "full") if eff == "quick" else (eff,)):  # a full-effort config serves a quick request
-                cfg = load_config(self.cache_dir, cache_key(ident, kernel, variant, shape, e))
+                key = cache_key(ident, kernel, variant, shape, e)
+                cfg = next((c for c in (load_config(d, key) for d in self.read_dirs) if c is not None), None)
                 if cfg is not None:
                     cached[kernel] = cfg
                     break

@@ -21,7 +21,7 @@ from ..data import shapes as shp
 from ..backends.base import one_line
 from ..data.journal import Journal, Stopped, deferred_signals, journal_path, stop_on_signals
 from ..data.results import ResultsError
-from .tables import print_tables
+from .tables import FORMAT_NAMES, emit, print_tables
 
 app = typer.Typer(add_completion=False, no_args_is_help=True,
                   help="Correctness-gated benchmarks of GDN / KDA linear-attention backends and q/k-norm routes.")
@@ -35,6 +35,7 @@ EXIT_STOPPED_BY_ERROR = 1
 EXIT_BAD_INPUT = 2
 EXIT_NO_DEVICE = 3
 EXIT_NOTHING_MEASURED = 4
+EXIT_ABOVE_LIMIT = 1  # compare --fail-above: a B/A ratio over the limit (or nothing to hold to it)
 EXIT_CODES_HELP = ("Exit codes: 0 every shape measured (rows that failed their check or were skipped are "
                    "results too); 1 stopped by an unexpected error; 2 bad input (file, field, option value); "
                    "3 no CUDA device; 4 nothing measured (no row passed its check and was timed); "
@@ -105,7 +106,8 @@ def run(
     worker_timeout: float = typer.Option(1800, help="Seconds before a shape's worker is killed."),
     helion_effort: str = typer.Option("none", help="Helion autotuning of our Helion kernels (backend helion): none "
                                       "(Helion's default configs), quick or full (HELION_AUTOTUNE_EFFORT's presets); "
-                                      "tuned configs are cached in results/tuned/<gpu>/helion/."),
+                                      "tuned configs are cached in the user cache, <cache>/tuned/<gpu>/helion/ "
+                                      "($GDNBENCH_CACHE_DIR or ~/.cache/gdnbench)."),
     helion_examples: Optional[Path] = typer.Option(None, help="A Helion repository checkout (or its examples/linear) "
                                                    "for backend helion-linear (default: $GDNBENCH_HELION_EXAMPLES)."),
     resume: Optional[Path] = typer.Option(None, "--resume", help="Continue an interrupted run: measure the shapes "
@@ -273,11 +275,11 @@ def _measure_and_write(ss, wanted, backend_names, routes_l, header, prior_rows, 
             doc = {**header, "run": {**header["run"], "interrupted": interrupted}, "rows": rows}
         written = results.write_atomic(doc, path)
         journal.remove()
-    console.print(f"wrote {written}", style="green", markup=False)
+    console.print(f"wrote {written}", style="green", markup=False, soft_wrap=True)
     print_tables(console, rep.report_tables(doc))
     console.print(f"{len(wanted)} shape(s) in {wall:.0f} s: oracles {spent['oracle']:.0f} s, checks (first calls "
                   f"included) {spent['check']:.0f} s, timing {spent['timing']:.0f} s, the rest (worker start, "
-                  f"imports, inputs) {max(wall - sum(spent.values()), 0):.0f} s", highlight=False)
+                  f"imports, inputs) {max(wall - sum(spent.values()), 0):.0f} s", highlight=False, soft_wrap=True)
     if plot_chart and any(r["status"] == "ok" for r in doc["rows"]):
         from ..analysis.plot import plot
 
@@ -329,10 +331,15 @@ def report(
     markdown: Optional[Path] = typer.Option(None, help="Also write the tables as markdown."),
     mode: Optional[str] = typer.Option(None, help="Which rows: fwd, fwd_bwd or decode (default: the file's run "
                                                   "mode)."),
+    fmt: str = typer.Option("table", "--format", help="table (Rich on a terminal, plain text when piped), "
+                                                      "markdown, csv or json."),
+    to: Optional[Path] = typer.Option(None, "--out", "-o", help="Write the tables in --format to this file "
+                                                                "instead of stdout."),
 ):
     """Tables per shape, ratios to a baseline, geomean ratios with counts and exclusions."""
     from ..data import results
 
+    _check_format(fmt)
     with _bad_input_exits():
         doc = results.load(file)
         _check_baseline(doc, baseline)
@@ -342,10 +349,15 @@ def report(
         pairs = rep.standard_pairs(rep.rows_of_mode(doc, mode)) + _split(pair) if pair else None
         tables = rep.report_tables(doc, baseline, pairs, mode)
         tables += _roofline_tables(doc, mode) if mode in ("fwd", "decode") else []
-    print_tables(console, tables)
+    emit(console, tables, fmt, to)
     if markdown:
         markdown.write_text(rep.to_markdown(tables))
         console.print(f"[green]wrote[/green] {markdown}")
+
+
+def _check_format(fmt: str) -> None:
+    if fmt not in FORMAT_NAMES:
+        _fail(f"--format {fmt!r}: use {', '.join(FORMAT_NAMES)}")
 
 
 def _check_baseline(doc: dict, baseline: Optional[str]) -> None:
@@ -397,15 +409,32 @@ def compare(
     b: Path = typer.Argument(..., help="Results file B."),
     markdown: Optional[Path] = typer.Option(None, help="Also write the table as markdown."),
     backends: Optional[list[str]] = typer.Option(None, "--backends", "-b", help="Only these backends."),
+    fail_above: Optional[float] = typer.Option(None, "--fail-above", min=0.0, help="Exit 1 when a geomean B/A "
+                                               "ratio (wall or gpu) exceeds this, e.g. 1.05 for a 5% regression."),
+    fail_rows: bool = typer.Option(False, "--fail-rows", help="With --fail-above: hold every row's ratio to it "
+                                   "too, not only the geomeans."),
+    fmt: str = typer.Option("table", "--format", help="table, markdown, csv or json."),
+    to: Optional[Path] = typer.Option(None, "--out", "-o", help="Write the table in --format to this file."),
 ):
     """Match rows of two runs of the same shape set; per-row and geomean B/A ratios."""
     from ..data import results
 
+    _check_format(fmt)
     with _bad_input_exits():
-        tables = rep.compare(results.load(a), results.load(b), backends=_split(backends) or None)
-    print_tables(console, tables)
+        da, db = results.load(a), results.load(b)
+        tables = rep.compare(da, db, backends=_split(backends) or None)
+        ratios = rep.compare_ratios(da, db, backends=_split(backends) or None, rows=fail_rows)
+    emit(console, tables, fmt, to)
     if markdown:
         markdown.write_text(rep.to_markdown(tables))
+    if fail_above is not None:
+        over = [f"{label} {r:.3f}" for label, r in ratios if r > fail_above]
+        if not ratios:
+            err_console.print(f"--fail-above {fail_above}: no row timed in both runs", markup=False)
+            raise typer.Exit(EXIT_ABOVE_LIMIT)
+        if over:
+            err_console.print(f"B/A above {fail_above}: " + "; ".join(over), markup=False, soft_wrap=True)
+            raise typer.Exit(EXIT_ABOVE_LIMIT)
 
 
 @app.command()
@@ -440,46 +469,43 @@ def plot(
 
 @shapes_app.command("list")
 def shapes_list():
-    """The shape sets shipped in shapes/."""
-    from rich.table import Table
-
-    t = Table("name", "version", "families", "shapes", "hash", "description")
+    """The shape sets shipped with gdnbench (gdnbench/data/shape_sets/)."""
+    rows = []
     for name, path in shp.available().items():
         with _bad_input_exits():
             ss = shp.load_file(path)
-        t.add_row(ss.name, str(ss.version), ",".join(ss.families), str(len(ss.shapes)), ss.hash[:19], ss.description)
-    console.print(t)
+        rows.append([ss.name, str(ss.version), ",".join(ss.families), str(len(ss.shapes)), ss.hash[:19],
+                     ss.description])
+    print_tables(console, [rep.Table(f"shape sets ({shp.SHAPES_DIR})",
+                                     ["name", "version", "families", "shapes", "hash", "description"], rows)])
 
 
 @shapes_app.command("show")
 def shapes_show(name: str = typer.Argument(..., help="Set name or .toml path.")):
     """Every shape of a set with its resolved fields."""
-    from rich.table import Table
-
     with _bad_input_exits():
         ss = shp.load(name)
-    t = Table("id", "family", "H", "HV", "K", "V", "lens", "tokens", "dtype", "seed", "gate", "h0", "note",
-              title=f"{ss.name} v{ss.version} {ss.hash}")
+    rows = []
     for s in ss.shapes:
         lens = str(list(s.lens)) + (f" x B{s.B}" if s.B > 1 else "")
         dtype = s.dtype + (f", {s.state_dtype} state" if s.decode else "")
         if s.decode:
             lens = f"decode N={s.B}, pool {s.pool_size}"
         gate = s.gate + (f"({s.lower_bound})" if s.lower_bound is not None else "")
-        t.add_row(s.id, s.family, str(s.H), str(s.HV), str(s.K), str(s.V), lens, str(s.tokens), dtype, str(s.seed),
-                  gate, "yes" if s.initial_state else "", s.note)
-    console.print(t)
+        rows.append([s.id, s.family, str(s.H), str(s.HV), str(s.K), str(s.V), lens, str(s.tokens), dtype,
+                     str(s.seed), gate, "yes" if s.initial_state else "", s.note])
+    print_tables(console, [rep.Table(f"{ss.name} v{ss.version} {ss.hash}", ["id", "family", "H", "HV", "K", "V", "lens",
+                                     "tokens", "dtype", "seed", "gate", "h0", "note"], rows)])
 
 
 @shapes_app.command("verify")
 def shapes_verify(names: Optional[list[str]] = typer.Argument(None, help="Sets to verify (default: all).")):
     """Recompute each set's canonical hash and compare it with the frozen one and the ledger."""
-    ledger = shp.load_ledger()
     problems = []
     with _bad_input_exits():
         sets = [shp.load(n) for n in names] if names else [shp.load_file(p) for p in shp.available().values()]
     for ss in sets:
-        p = shp.verify(ss, ledger)
+        p = shp.verify(ss, shp.ledger_for(ss))
         problems += p
         console.print(f"{'[green]ok[/green]' if not p else '[red]FAIL[/red]'} {ss.name} v{ss.version} {ss.hash}")
     if problems:
@@ -487,8 +513,8 @@ def shapes_verify(names: Optional[list[str]] = typer.Argument(None, help="Sets t
 
 
 @shapes_app.command("freeze")
-def shapes_freeze(path: Path = typer.Argument(..., help="A shapes/*.toml file, after bumping its version.")):
-    """Write a set's hash into its file and record the version in shapes/frozen.json."""
+def shapes_freeze(path: Path = typer.Argument(..., help="A shape-set .toml file, after bumping its version.")):
+    """Write a set's hash into its file and record the version in the frozen.json beside it."""
     with _bad_input_exits():
         h = shp.freeze(path)
     console.print(f"froze {path}: {h}")
@@ -501,9 +527,8 @@ def env(device: str = typer.Option("auto", help="auto, cuda or cpu."),
     """Versions, GPU, and each backend's availability with its reason."""
     import os
 
-    from rich.table import Table
-
     from .. import backends as registry
+    from .. import paths
     from ..data import results
 
     if helion_examples is not None:
@@ -518,21 +543,19 @@ def env(device: str = typer.Option("auto", help="auto, cuda or cpu."),
         except ImportError:
             dev = "cpu"
     info = results.capture_env(dev)
-    t = Table("key", "value", title="environment")
-    for k, v in info["versions"].items():
-        t.add_row(k, str(v))
-    for k in ("python", "device", "cuda_runtime", "host"):
-        t.add_row(k, str(info.get(k)))
-    t.add_row("git", f"{info['git']['sha']} dirty={info['git']['dirty']}")
-    for k, v in info.get("gpu", {}).items():
-        t.add_row(f"gpu.{k}", str(v))
-    console.print(t)
-    bt = Table("backend", "version", "available", "reason", "routes", title="backends")
+    rows = [[k, str(v)] for k, v in info["versions"].items()]
+    rows += [[k, str(info.get(k))] for k in ("python", "device", "cuda_runtime", "host")]
+    git = info["git"]
+    rows.append(["git", f"{git['sha']} dirty={git['dirty']}" if git["sha"] else f"none ({git.get('source')})"])
+    rows += [[f"gpu.{k}", str(v)] for k, v in info.get("gpu", {}).items()]
+    rows += [["cache", str(paths.user_cache_dir())]]
+    backend_rows = []
     for name in registry.REGISTRY:
         b = registry.get(name)
         a = b.is_available()
-        bt.add_row(name, str(b.version()), "yes" if a else "no", a.reason, ",".join(b.routes))
-    console.print(bt)
+        backend_rows.append([name, str(b.version()), "yes" if a else "no", a.reason, ",".join(b.routes)])
+    print_tables(console, [rep.Table("environment", ["key", "value"], rows),
+                           rep.Table("backends", ["backend", "version", "available", "reason", "routes"], backend_rows)])
 
 
 from .autotune import register as _register_autotune  # noqa: E402  (keeps its imports lazy)

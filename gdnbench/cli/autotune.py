@@ -150,7 +150,8 @@ def _print_dry_run(rows: list[dict], cache_dir: Optional[Path]) -> None:
         for d, v in r["dims"].items():
             console.print(f"  {d}: {fmt_values(v)}", markup=False, highlight=False, soft_wrap=True)
     n_cached = sum(1 for r in rows if r["cached"])
-    where = f"; {n_cached} marked cached (under {cache_dir})" if cache_dir is not None else ""
+    under = ", ".join(str(d) for d in cache_dir) if isinstance(cache_dir, list) else str(cache_dir)
+    where = f"; {n_cached} marked cached (under {under})" if cache_dir is not None else ""
     console.print(f"{len(rows)} searches, nothing run{where}; valid = kept by kernels.config.validate()",
                   highlight=False, soft_wrap=True)
 
@@ -233,7 +234,9 @@ def register(app: typer.Typer) -> None:
                                     "(default: skip those, so a re-run resumes an interrupted sweep)."),
         nproc_per_node: int = typer.Option(1, "--nproc-per-node", help="GPUs to share the work over (torchrun, one rank per GPU; see --shard)."),
         device: str = typer.Option("auto", help="auto, cuda or cpu (cpu: interpreter, plumbing only)."),
-        cache_dir: Optional[Path] = typer.Option(None, help="Cache root (default results/tuned)."),
+        cache_dir: Optional[Path] = typer.Option(None, help="Cache root, read and written alone (default: write the user cache, "
+                                                 "$GDNBENCH_CACHE_DIR or ~/.cache/gdnbench/tuned; read it, then the "
+                                                 "winners shipped with gdnbench)."),
         exhaustive_max: int = typer.Option(256, help="Search exhaustively when at most this many valid points."),
         min_gain: float = typer.Option(0.01, help="Relative gain a move of coordinate descent needs."),
         check_tokens: Optional[int] = typer.Option(None, help="Gate input length cap (default 8192; 1024 on CPU)."),
@@ -294,7 +297,7 @@ def register(app: typer.Typer) -> None:
         if not tasks:
             _fail(f"--kernels {','.join(kernel_l)} are not run by --routes {','.join(route_l)}")
         if dry_run:
-            root = None if retune else (cache_dir or tuned.TUNED_DIR)
+            root = None if retune else tuned.read_dirs(cache_dir)
             _print_dry_run(at_report.dry_run_rows([s for _, s in pairs], tasks, exhaustive_max, root), root)
             return
         if nproc_per_node > 1 and RANK_ENV not in os.environ:
@@ -307,7 +310,7 @@ def register(app: typer.Typer) -> None:
         opts = at_plan.TuneOptions(device=dev, budget_s=budget, exhaustive_max=exhaustive_max, min_gain=min_gain,
                               check_tokens=check_tokens or (8192 if dev == "cuda" else 1024), warmup=warmup,
                               rounds=rounds, iters=iters, timeout_s=timeout,
-                              cache_dir=cache_dir or tuned.TUNED_DIR, retune=retune, seeds=seeds,
+                              cache_dir=cache_dir, retune=retune, seeds=seeds,
                               shard=shard)
         dist = at_dist.torch_dist()
         opts.compile_workers = (at_dist.default_compile_workers(dev, at_dist.ranks_on_node(dist)) if compile_workers is None
@@ -318,13 +321,14 @@ def register(app: typer.Typer) -> None:
         except KeyboardInterrupt:
             if dist.rank == 0:
                 who = " by rank 0 (every rank saves its own)" if dist.world > 1 and opts.shard == "searches" else ""
-                _fail(f"interrupted: {tally.written} finished search(es) saved under {opts.cache_dir}{who} "
+                where = tuned.write_dir(opts.cache_dir)
+                _fail(f"interrupted: {tally.written} finished search(es) saved under {where}{who} "
                       f"({tally.skipped} skipped as cached); run the same command again to resume", EXIT_INTERRUPTED)
             raise typer.Exit(EXIT_INTERRUPTED)
         tallies = dist.all_gather(tally)
         if dist.rank == 0:
             total = at_report.Tally.sum(tallies)
-            console.print(f"{len(entries)} searches written under {opts.cache_dir}")
+            console.print(f"{len(entries)} searches written under {tuned.write_dir(opts.cache_dir)}")
             console.print(_summary(total, time.monotonic() - started, dist.world)
                           + (f"; {dist.world} ranks sharing {opts.shard}" if dist.world > 1 else "; 1 rank") + ", "
                           f"{opts.compile_workers} compile workers per GPU", highlight=False)
@@ -336,13 +340,13 @@ def _report(cache_dir: Optional[Path], plot_dir: Optional[Path]) -> None:
     from ..kernels import tuned
     from .tables import print_tables
 
-    root = cache_dir or tuned.TUNED_DIR
-    table = at_report.report_table(root)
+    roots = tuned.read_dirs(cache_dir)
+    table = at_report.report_table(roots)
     if not table.rows:
-        _fail(f"no tuning cache entries under {root}")
+        _fail(f"no tuning cache entries under {', '.join(map(str, roots))}")
     print_tables(console, [table])
     if plot_dir is not None:
-        for path in sorted(Path(root).glob("*/*.json")):
+        for path in [p for root in roots for p in sorted(root.glob("*/*.json"))]:
             for e in tuned.load_entries(path):
                 name = f"{path.parent.name}_{e['kernel']}_{e['variant']}_{e['key']['shape_key']}.png"
                 try:

@@ -18,9 +18,9 @@ import tempfile
 from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 
+from ..paths import PACKAGE_DIR, results_dir
+
 SCHEMA_VERSION = 1
-REPO_ROOT = Path(__file__).resolve().parents[2]
-RESULTS_DIR = REPO_ROOT / "results"
 ROW_STATUSES = ("ok", "skipped", "incorrect", "error")
 
 
@@ -36,23 +36,48 @@ def dist_version(name: str) -> str | None:
         return None
 
 
-def _git(*args: str) -> str | None:
+def _git(root: Path, *args: str) -> str | None:
     try:
-        out = subprocess.run(["git", *args], cwd=REPO_ROOT, capture_output=True, text=True, timeout=10)
+        out = subprocess.run(["git", *args], cwd=root, capture_output=True, text=True, timeout=10)
     except (OSError, subprocess.TimeoutExpired):
         return None
     return out.stdout.strip() if out.returncode == 0 else None
 
 
-def git_info() -> dict:
-    """sha and dirty flag; GDNBENCH_GIT_SHA / GDNBENCH_GIT_DIRTY stand in where the tree has no .git."""
-    sha = os.environ.get("GDNBENCH_GIT_SHA") or _git("rev-parse", "HEAD")
+def source_checkout(package_dir: Path = PACKAGE_DIR) -> Path | None:
+    """The top level of gdnbench's own git checkout when ``package_dir`` is its ``gdnbench`` folder,
+    else None. An installed package can sit inside another repository (a venv in a project) or inside
+    a gdnbench checkout it was not built from (a venv in the checkout): the top level must hold a
+    pyproject naming the project gdnbench and have this very folder as its ``gdnbench/``."""
+    import tomllib
+
+    top = _git(package_dir, "rev-parse", "--show-toplevel")
+    if not top:
+        return None
+    top_path = Path(top).resolve()
+    try:
+        name = tomllib.loads((top_path / "pyproject.toml").read_text()).get("project", {}).get("name")
+    except (OSError, tomllib.TOMLDecodeError):
+        return None
+    if name != "gdnbench" or (top_path / "gdnbench").resolve() != Path(package_dir).resolve():
+        return None
+    return top_path
+
+
+def git_info(package_dir: Path = PACKAGE_DIR) -> dict:
+    """sha and dirty flag of gdnbench's own checkout (source "checkout"); an installed package has
+    none: sha None and source "installed" (the package version is in env.versions.gdnbench).
+    GDNBENCH_GIT_SHA / GDNBENCH_GIT_DIRTY stand in where the tree has no .git."""
+    root = source_checkout(package_dir)
+    sha = os.environ.get("GDNBENCH_GIT_SHA") or (_git(root, "rev-parse", "HEAD") if root else None)
     if "GDNBENCH_GIT_DIRTY" in os.environ:
         dirty = os.environ["GDNBENCH_GIT_DIRTY"] not in ("0", "", "false")
+    elif root is None:
+        dirty = None
     else:
-        status = _git("status", "--porcelain", "--untracked-files=no")
+        status = _git(root, "status", "--porcelain", "--untracked-files=no")
         dirty = None if status is None else bool(status)
-    return {"sha": sha, "dirty": dirty}
+    return {"sha": sha, "dirty": dirty, "source": "checkout" if root or sha else "installed"}
 
 
 def _nvidia_smi() -> dict:
@@ -125,11 +150,14 @@ def utc_stamp() -> str:
     return _dt.datetime.now(_dt.timezone.utc).strftime("%Y%m%dT%H%M%SZ")
 
 
-def default_path(env: dict, shape_set_name: str, stamp: str, mode: str = "fwd") -> Path:
+def default_path(env: dict, shape_set_name: str, stamp: str, mode: str = "fwd", root: Path | None = None) -> Path:
+    """<root, default ./results>/<gpu>/<stamp>_<sha8 or v<version>>[-dirty]_<set>[-<mode>].json; the
+    mode suffix is left out for fwd and where the set's name already ends with it (gdn-decode)."""
     sha = env["git"]["sha"]
-    tag = (sha[:8] if sha else "nogit") + ("-dirty" if env["git"]["dirty"] else "")
-    suffix = "" if mode == "fwd" else f"-{mode}"
-    return RESULTS_DIR / gpu_slug(env) / f"{stamp}_{tag}_{shape_set_name}{suffix}.json"
+    installed = (env.get("versions") or {}).get("gdnbench")
+    tag = (sha[:8] if sha else f"v{installed}" if installed else "nogit") + ("-dirty" if env["git"]["dirty"] else "")
+    suffix = "" if mode == "fwd" or shape_set_name.endswith(f"-{mode}") else f"-{mode}"
+    return (root or results_dir()) / gpu_slug(env) / f"{stamp}_{tag}_{shape_set_name}{suffix}.json"
 
 
 def claim_path(path: Path) -> Path:

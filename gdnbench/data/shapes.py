@@ -1,11 +1,11 @@
-"""Frozen, versioned shape sets: shapes/<name>.toml -> typed `Shape`s.
+"""Frozen, versioned shape sets: <name>.toml -> typed `Shape`s (the shipped ones in gdnbench/data/shape_sets/).
 
 A shape-set file has top-level `name`, `version`, `hash`, optional `description`,
 an optional `[defaults]` table merged under every `[[shape]]`, and the shapes.
 `hash` freezes the content: it is the sha256 of the canonical JSON of the resolved
 shapes, so reformatting the TOML keeps it and any change of meaning breaks it.
-`shapes/frozen.json` records every (name, version) -> hash ever published, so a
-changed set must bump its version (and be recorded) to verify again. Fields added to the
+The ledger `frozen.json` beside a set's file records every (name, version) -> hash ever published, so
+a changed set must bump its version (and be recorded) to verify again. Fields added to the
 format later (`decode`, `pool`, `state_dtype`, `gate_regime`) enter the hash only when set away from their
 default, so every set frozen before them keeps its hash.
 
@@ -30,9 +30,10 @@ import tomllib
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from ..paths import SHAPE_SETS_DIR
 from ..vocab import DTYPES, FAMILIES  # noqa: F401
 
-SHAPES_DIR = Path(__file__).resolve().parents[2] / "shapes"
+SHAPES_DIR = SHAPE_SETS_DIR
 FROZEN_LEDGER = "frozen.json"
 
 GATES = {"gdn": "logsigmoid", "kda": "bounded"}
@@ -304,7 +305,7 @@ def available(directory: Path = SHAPES_DIR) -> dict[str, Path]:
 
 
 def load(name_or_path: str, directory: Path = SHAPES_DIR) -> ShapeSet:
-    """A set by name (shapes/<name>.toml) or by path to a .toml file."""
+    """A set by name (a shipped set, <SHAPES_DIR>/<name>.toml) or by path to a .toml file."""
     if name_or_path.endswith(".toml") or "/" in name_or_path:
         return load_file(name_or_path)
     sets = available(directory)
@@ -320,6 +321,15 @@ def load_ledger(directory: Path = SHAPES_DIR) -> dict[str, dict[str, str]]:
     return json.loads(path.read_text())
 
 
+def ledger_for(ss: ShapeSet) -> dict[str, dict[str, str]]:
+    """The shipped ledger with the one beside the set's file (a user's own frozen sets) over it."""
+    ledger = {name: dict(v) for name, v in load_ledger().items()}
+    if ss.path and Path(ss.path).parent.resolve() != SHAPES_DIR:
+        for name, versions in load_ledger(Path(ss.path).parent).items():
+            ledger.setdefault(name, {}).update(versions)
+    return ledger
+
+
 def verify(ss: ShapeSet, ledger: dict[str, dict[str, str]]) -> list[str]:
     """Problems with a set's freezing; empty when the set is intact."""
     problems = []
@@ -329,21 +339,24 @@ def verify(ss: ShapeSet, ledger: dict[str, dict[str, str]]) -> list[str]:
                         f"(a changed set needs a new version and a new hash)")
     frozen = ledger.get(ss.name, {}).get(str(ss.version))
     if frozen is None:
-        problems.append(f"{ss.path}: {ss.name} v{ss.version} is not recorded in shapes/{FROZEN_LEDGER}")
+        problems.append(f"{ss.path}: {ss.name} v{ss.version} is not recorded in {Path(ss.path).parent / FROZEN_LEDGER}")
     elif frozen != actual:
         problems.append(f"{ss.path}: {ss.name} v{ss.version} was frozen as {frozen}; its content changed "
                         f"without a version bump")
     return problems
 
 
-def freeze(path: str | Path, directory: Path = SHAPES_DIR) -> str:
-    """Write a set's content hash into its file and record (name, version) in the ledger.
+def freeze(path: str | Path, directory: Path | None = None) -> str:
+    """Write a set's content hash into its file and record (name, version) in the ledger
+    (``directory``/frozen.json, default the one beside the file: for a shipped set in a checkout,
+    the package's; for a user's set, its own folder's).
 
     Refuses when that version is already recorded with another hash: bump the version.
     """
     import re
 
     ss = load_file(path)
+    directory = Path(path).resolve().parent if directory is None else Path(directory)
     actual = canonical_hash(ss.name, ss.version, ss.shapes)
     ledger = load_ledger(directory)
     recorded = ledger.get(ss.name, {}).get(str(ss.version))

@@ -1,4 +1,8 @@
-"""The autotune cache: results/tuned/<gpu-slug>/<kernel>.json, and the lookup `gdnbench run` uses.
+"""The autotune cache: <root>/<gpu-slug>/<kernel>.json, and the lookup `gdnbench run` uses.
+
+Roots (gdnbench.paths): autotune writes to the per-user cache (<cache>/tuned, or --cache-dir); a lookup
+reads the user cache first, then the winners shipped in the package (kernels/tuned_configs/), or
+only --cache-dir when given. Same keys in both: a shipped entry is used exactly where a user's would be.
 
 An entry holds one search of one kernel on one shape key; it is used only where its whole
 key matches the machine and the code:
@@ -34,10 +38,10 @@ import os
 import warnings
 from pathlib import Path
 
-from ..data.results import RESULTS_DIR, slug, write_atomic
+from ..data.results import slug, write_atomic
+from ..paths import SHIPPED_TUNED_DIR, tuned_read_dirs, user_tuned_dir
 from ..vocab import ROUTES, dtype_bytes
 
-TUNED_DIR = RESULTS_DIR / "tuned"
 CACHE_SCHEMA = 1
 KERNEL_DIR = Path(__file__).resolve().parent
 # the jit functions each tuned kernel launches: (module in kernels/, function names)
@@ -168,6 +172,19 @@ def entry_key(env: dict, kernel: str, shape, variant: str) -> dict:
     return {**env, "source_hash": source_hash(kernel), "shape_key": shape_key(shape), "variant": variant}
 
 
+def read_dirs(cache_dir=None) -> list[Path]:
+    """The roots a lookup reads, in order: ``cache_dir`` (a path or a list of paths) when given, else
+    the user cache then the shipped winners."""
+    if isinstance(cache_dir, (list, tuple)):
+        return [Path(d) for d in cache_dir]
+    return tuned_read_dirs(cache_dir)
+
+
+def write_dir(cache_dir: Path | None = None) -> Path:
+    """The root autotune writes to: ``cache_dir``, else the user cache."""
+    return Path(cache_dir) if cache_dir is not None else user_tuned_dir()
+
+
 def cache_path(cache_dir: Path, gpu_name: str, kernel: str) -> Path:
     return Path(cache_dir) / slug(gpu_name, empty="unknown") / f"{kernel}.json"
 
@@ -220,29 +237,33 @@ def _locked(path: Path):
             fcntl.flock(fh, fcntl.LOCK_UN)
 
 
-def save_entry(cache_dir: Path, entry: dict) -> Path:
-    """Add ``entry`` to its kernel's file, replacing any entry with the same identity."""
+def save_entry(cache_dir: Path | None, entry: dict) -> Path:
+    """Add ``entry`` to its kernel's file under write_dir(cache_dir), replacing any entry with the same
+    identity."""
     key = entry["key"]
-    path = cache_path(cache_dir, key["gpu"], entry["kernel"])
+    path = cache_path(write_dir(cache_dir), key["gpu"], entry["kernel"])
     with _locked(path):
         kept = [e for e in _read_fresh(path) if _identity(e.get("key", {})) != _identity(key)]
         doc = {"schema": CACHE_SCHEMA, "kernel": entry["kernel"], "entries": kept + [entry]}
         return write_atomic(doc, path)
 
 
-def find_entry(cache_dir: Path, env: dict, kernel: str, shape, variant: str) -> dict | None:
-    """The matching entry, or None. Entries for this GPU and shape whose source hash or Triton
-    version differ are ignored with a StaleEntry warning."""
+def find_entry(cache_dir, env: dict, kernel: str, shape, variant: str) -> dict | None:
+    """The matching entry of the first root (read_dirs) holding one, or None. When none matches,
+    entries for this GPU and shape whose source hash or Triton version differ are reported with a
+    StaleEntry warning."""
     want = entry_key(env, kernel, shape, variant)
-    for e in load_entries(cache_path(cache_dir, want["gpu"] or "unknown", kernel)):
-        key = e.get("key", {})
-        if key == want:
-            return e
-        same_place = all(key.get(k) == want[k] for k in ("gpu", "compute_capability", "shape_key", "variant"))
-        if same_place:
-            what = "source hash" if key.get("source_hash") != want["source_hash"] else "Triton version"
-            warnings.warn(f"tuned {kernel} [{variant}] for {want['shape_key']} ignored: kernel {what} changed "
-                          f"since it was tuned; re-run gdnbench autotune", StaleEntry, stacklevel=2)
+    stale = []
+    for root in read_dirs(cache_dir):
+        for e in load_entries(cache_path(root, want["gpu"] or "unknown", kernel)):
+            key = e.get("key", {})
+            if key == want:
+                return e
+            if all(key.get(k) == want[k] for k in ("gpu", "compute_capability", "shape_key", "variant")):
+                stale.append("source hash" if key.get("source_hash") != want["source_hash"] else "Triton version")
+    for what in dict.fromkeys(stale):
+        warnings.warn(f"tuned {kernel} [{variant}] for {want['shape_key']} ignored: kernel {what} changed "
+                      f"since it was tuned; re-run gdnbench autotune", StaleEntry, stacklevel=2)
     return None
 
 
@@ -269,7 +290,7 @@ def winner(entry: dict) -> dict | None:
     return best["config"]
 
 
-def tuned_config(shape, route: str, env: dict | None, cache_dir: Path = TUNED_DIR):
+def tuned_config(shape, route: str, env: dict | None, cache_dir: Path | None = None):
     """(GDNConfig, description) for ``shape`` on ``route``: the default config of the shape's family
     with each stage kernel the family runs replaced by its tuned winner where a matching cache
     entry exists (the shape key carries the family, so only that family's entries match).
