@@ -19,6 +19,7 @@ from rich.text import Text
 from . import report as rep
 from . import shapes as shp
 from .backends.base import one_line
+from .options import DEVICES, HELION_EFFORTS, L2_MODES, UsageError, choice
 from .journal import Journal, Stopped, deferred_signals, journal_path, stop_on_signals
 from .results import ResultsError
 
@@ -43,10 +44,6 @@ CONTRACT_SETS = ("kda-legacy6", "gdn-qwen6")
 DECODE_SETS = ("gdn-decode", "kda-decode")
 
 
-class UsageError(ValueError):
-    pass
-
-
 def _fail(msg: str, code: int = EXIT_BAD_INPUT):
     err_console.print(Text("error: ", style="red") + Text(msg), highlight=False, soft_wrap=True)
     raise typer.Exit(code)
@@ -68,6 +65,11 @@ def _bad_input_exits():
         yield
     except _domain_errors() as e:
         _fail(str(e))
+
+
+def _say(word: str, style: str, text: str = "") -> None:
+    """A styled word, then text printed as it is (a path or name with brackets keeps them)."""
+    console.print(Text(word, style=style) + Text(f" {text}" if text else ""), highlight=False, soft_wrap=True)
 
 
 def _split(values: Optional[list[str]]) -> list[str]:
@@ -138,23 +140,18 @@ def run(
              check_tokens, isolate, plot_chart, worker_timeout, resume)
 
 
-HELION_EFFORTS = ("none", "quick", "full")
-
-
 def _helion_options(effort: str, examples: Optional[Path]) -> None:
     """The Helion options reach the backends (and the worker processes) through the environment."""
     import os
 
-    if effort not in HELION_EFFORTS:
-        raise UsageError(f"--helion-effort {effort!r}: use none, quick or full")
+    choice("--helion-effort", effort, HELION_EFFORTS)
     os.environ["GDNBENCH_HELION_EFFORT"] = effort
     if examples is not None:
         os.environ["GDNBENCH_HELION_EXAMPLES"] = str(examples.expanduser().resolve())
 
 
 def _resolve_device(device: str) -> str:
-    if device not in ("auto", "cuda", "cpu"):
-        raise UsageError(f"--device {device!r}: use auto, cuda or cpu")
+    choice("--device", device, DEVICES)
     if device == "cpu":
         return "cpu"
     import torch
@@ -171,10 +168,8 @@ def _run(shapes, backends, routes, shape_ids, mode, device, out, l2, warmup, rou
     from .runner import run_set
     from .timing import TimingParams
 
-    if l2 not in ("warm", "cold"):
-        raise UsageError(f"--l2 {l2!r}: use warm or cold")
-    if mode not in registry.MODES:
-        raise UsageError(f"--mode {mode!r}: implemented modes are {', '.join(registry.MODES)}")
+    choice("--l2", l2, L2_MODES)
+    choice("--mode", mode, registry.MODES)
     routes_l = _split(routes) or list(registry.ROUTES_BY_MODE[mode])
     for r in routes_l:
         if r not in registry.ALL_ROUTES:
@@ -277,7 +272,7 @@ def _measure_and_write(ss, wanted, backend_names, routes_l, header, prior_rows, 
             doc = {**header, "run": {**header["run"], "interrupted": interrupted}, "rows": rows}
         written = results.write_atomic(doc, path)
         journal.remove()
-    console.print(f"wrote {written}", style="green", markup=False)
+    _say("wrote", "green", str(written))
     _print_tables(rep.report_tables(doc))
     console.print(f"{len(wanted)} shape(s) in {wall:.0f} s: oracles {spent['oracle']:.0f} s, checks (first calls "
                   f"included) {spent['check']:.0f} s, timing {spent['timing']:.0f} s, the rest (worker start, "
@@ -285,7 +280,7 @@ def _measure_and_write(ss, wanted, backend_names, routes_l, header, prior_rows, 
     if plot_chart and any(r["status"] == "ok" for r in doc["rows"]):
         from .plot import plot
 
-        console.print(f"chart {plot(doc, Path(written).with_suffix('.png'), mode=mode)}", markup=False)
+        _say("chart", "green", str(plot(doc, Path(written).with_suffix(".png"), mode=mode)))
     if stopped is not None:
         err_console.print(Text("error: ", style="red") + Text(
             f"{interrupted}; the {len(rows)} rows measured so far were written to {written} (continue with: "
@@ -340,16 +335,14 @@ def report(
     with _bad_input_exits():
         doc = results.load(file)
         _check_baseline(doc, baseline)
-        mode = mode or rep.run_mode(doc)
-        if mode not in rep.MODES:
-            raise UsageError(f"--mode {mode!r}: use {' or '.join(rep.MODES)}")
-        pairs = rep.standard_pairs(rep.rows_of_mode(doc, mode)) + _split(pair) if pair else None
+        mode = choice("--mode", mode or rep.run_mode(doc), rep.MODES)
+        pairs = rep.standard_pairs(rep.rows_of_mode(doc, mode)) + _check_pairs(doc, _split(pair)) if pair else None
         tables = rep.report_tables(doc, baseline, pairs, mode)
         tables += _roofline_tables(doc, mode) if mode in ("fwd", "decode") else []
     _print_tables(tables)
     if markdown:
         markdown.write_text(rep.to_markdown(tables))
-        console.print(f"[green]wrote[/green] {markdown}")
+        _say("wrote", "green", str(markdown))
 
 
 def _check_baseline(doc: dict, baseline: Optional[str]) -> None:
@@ -357,6 +350,20 @@ def _check_baseline(doc: dict, baseline: Optional[str]) -> None:
     known = sorted({f"{r['backend']}:{r['route']}" for r in doc.get("rows", [])})
     if baseline is not None and baseline not in known:
         raise UsageError(f"--baseline {baseline!r}: not in this file (its backend:routes: {', '.join(known)})")
+
+
+def _check_pairs(doc: dict, pairs: list[str]) -> list[str]:
+    """Each --pair is NUM/DEN, each side a backend:route (or backend:best) of the file."""
+    known = {f"{r['backend']}:{r['route']}" for r in doc["rows"]} | {f"{r['backend']}:best" for r in doc["rows"]}
+    for p in pairs:
+        sides = p.split("/")
+        if len(sides) != 2 or not all(s.count(":") == 1 for s in sides):
+            raise UsageError(f"--pair {p!r}: use NUM/DEN, each a backend:route, e.g. gdnbench:best/fla:flag")
+        missing = [s for s in sides if s not in known]
+        if missing:
+            raise UsageError(f"--pair {p!r}: {missing[0]} is not in this file (its backend:routes: "
+                             f"{', '.join(sorted(known))})")
+    return pairs
 
 
 def _calibration_for(doc: dict, file) -> dict:
@@ -392,7 +399,8 @@ def calibrate():
     except cal.NoCudaError as e:
         _fail(str(e), EXIT_NO_DEVICE)
     path = cal.save(calib)
-    console.print(f"{cal.summary(calib)}\n[green]wrote[/green] {path}")
+    console.print(cal.summary(calib), markup=False)
+    _say("wrote", "green", str(path))
 
 
 @app.command()
@@ -406,7 +414,11 @@ def compare(
     from . import results
 
     with _bad_input_exits():
-        tables = rep.compare(results.load(a), results.load(b), backends=_split(backends) or None)
+        da, db = results.load(a), results.load(b)
+        try:
+            tables = rep.compare(da, db, backends=_split(backends) or None)
+        except rep.CompareError as e:
+            raise rep.CompareError(f"{a} vs {b}: {e}") from None
     _print_tables(tables)
     if markdown:
         markdown.write_text(rep.to_markdown(tables))
@@ -424,9 +436,8 @@ def plot(
     from . import results
     from .plot import plot as draw
 
-    if kind not in rep.TIME_KINDS:
-        _fail(f"--kind {kind!r}: use gpu or wall")
     with _bad_input_exits():
+        choice("--kind", kind, rep.TIME_KINDS)
         doc = results.load(file)
         _check_baseline(doc, baseline)
         calib = _calibration_for(doc, file) if roofline else None
@@ -439,7 +450,7 @@ def plot(
             path = draw(doc, out, kind, baseline, mode=rep.run_mode(doc))
     except ValueError as e:  # nothing to plot
         _fail(f"{file}: {e}")
-    console.print(f"[green]wrote[/green] {path}")
+    _say("wrote", "green", str(path))
 
 
 @shapes_app.command("list")
@@ -451,7 +462,8 @@ def shapes_list():
     for name, path in shp.available().items():
         with _bad_input_exits():
             ss = shp.load_file(path)
-        t.add_row(ss.name, str(ss.version), ",".join(ss.families), str(len(ss.shapes)), ss.hash[:19], ss.description)
+        t.add_row(*map(Text, (ss.name, str(ss.version), ",".join(ss.families), str(len(ss.shapes)), ss.hash[:19],
+                              ss.description)))
     console.print(t)
 
 
@@ -463,15 +475,15 @@ def shapes_show(name: str = typer.Argument(..., help="Set name or .toml path."))
     with _bad_input_exits():
         ss = shp.load(name)
     t = Table("id", "family", "H", "HV", "K", "V", "lens", "tokens", "dtype", "seed", "gate", "h0", "note",
-              title=f"{ss.name} v{ss.version} {ss.hash}")
+              title=Text(f"{ss.name} v{ss.version} {ss.hash}"))
     for s in ss.shapes:
         lens = str(list(s.lens)) + (f" x B{s.B}" if s.B > 1 else "")
         dtype = s.dtype + (f", {s.state_dtype} state" if s.decode else "")
         if s.decode:
             lens = f"decode N={s.B}, pool {s.pool_size}"
         gate = s.gate + (f"({s.lower_bound})" if s.lower_bound is not None else "")
-        t.add_row(s.id, s.family, str(s.H), str(s.HV), str(s.K), str(s.V), lens, str(s.tokens), dtype, str(s.seed),
-                  gate, "yes" if s.initial_state else "", s.note)
+        t.add_row(*map(Text, (s.id, s.family, str(s.H), str(s.HV), str(s.K), str(s.V), lens, str(s.tokens), dtype,
+                              str(s.seed), gate, "yes" if s.initial_state else "", s.note)))
     console.print(t)
 
 
@@ -485,7 +497,7 @@ def shapes_verify(names: Optional[list[str]] = typer.Argument(None, help="Sets t
     for ss in sets:
         p = shp.verify(ss, ledger)
         problems += p
-        console.print(f"{'[green]ok[/green]' if not p else '[red]FAIL[/red]'} {ss.name} v{ss.version} {ss.hash}")
+        _say("ok" if not p else "FAIL", "green" if not p else "red", f"{ss.name} v{ss.version} {ss.hash}")
     if problems:
         _fail("; ".join(problems))
 
@@ -495,7 +507,7 @@ def shapes_freeze(path: Path = typer.Argument(..., help="A shapes/*.toml file, a
     """Write a set's hash into its file and record the version in shapes/frozen.json."""
     with _bad_input_exits():
         h = shp.freeze(path)
-    console.print(f"froze {path}: {h}")
+    console.print(f"froze {path}: {h}", markup=False, highlight=False)
 
 
 @app.command()
@@ -513,6 +525,8 @@ def env(device: str = typer.Option("auto", help="auto, cuda or cpu."),
     if helion_examples is not None:
         os.environ["GDNBENCH_HELION_EXAMPLES"] = str(helion_examples.expanduser().resolve())
 
+    with _bad_input_exits():
+        choice("--device", device, DEVICES)
     dev = device
     if device == "auto":
         try:
@@ -524,18 +538,18 @@ def env(device: str = typer.Option("auto", help="auto, cuda or cpu."),
     info = results.capture_env(dev)
     t = Table("key", "value", title="environment")
     for k, v in info["versions"].items():
-        t.add_row(k, str(v))
+        t.add_row(*map(Text, (k, str(v))))
     for k in ("python", "device", "cuda_runtime", "host"):
-        t.add_row(k, str(info.get(k)))
-    t.add_row("git", f"{info['git']['sha']} dirty={info['git']['dirty']}")
+        t.add_row(*map(Text, (k, str(info.get(k)))))
+    t.add_row("git", Text(f"{info['git']['sha']} dirty={info['git']['dirty']}"))
     for k, v in info.get("gpu", {}).items():
-        t.add_row(f"gpu.{k}", str(v))
+        t.add_row(*map(Text, (f"gpu.{k}", str(v))))
     console.print(t)
     bt = Table("backend", "version", "available", "reason", "routes", title="backends")
     for name in registry.REGISTRY:
         b = registry.get(name)
         a = b.is_available()
-        bt.add_row(name, str(b.version()), "yes" if a else "no", a.reason, ",".join(b.routes))
+        bt.add_row(*map(Text, (name, str(b.version()), "yes" if a else "no", a.reason, ",".join(b.routes))))
     console.print(bt)
 
 

@@ -402,6 +402,8 @@ def compare(a: dict, b: dict, mode: str | None = None, backends: list[str] | Non
     Rows skipped in both runs are left out; every other row without a time on both sides is
     listed as excluded. `backends` restricts the comparison (e.g. to a backend whose code
     did not change between the runs)."""
+    if run_mode(a) != run_mode(b):
+        raise CompareError(f"modes differ: A is a {run_mode(a)} run, B a {run_mode(b)} run; compare runs of one mode")
     mode = mode or run_mode(a)
     ha, hb = a["shape_set"]["hash"], b["shape_set"]["hash"]
     if ha != hb:
