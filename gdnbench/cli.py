@@ -7,7 +7,6 @@ module load, so `gdnbench --help` is instant.
 from __future__ import annotations
 
 import sys
-import time
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Optional
@@ -18,9 +17,8 @@ from rich.text import Text
 
 from . import report as rep
 from . import shapes as shp
-from .backends.base import one_line
 from .options import DEVICES, HELION_EFFORTS, L2_MODES, UsageError, choice
-from .journal import Journal, Stopped, deferred_signals, journal_path, stop_on_signals
+from .journal import journal_path
 from .results import ResultsError
 
 app = typer.Typer(add_completion=False, no_args_is_help=True,
@@ -106,16 +104,18 @@ def run(
     iters: int = typer.Option(20, min=1, help="Timed calls per route per round."),
     check_tokens: Optional[int] = typer.Option(None, help="Oracle length cap (default 8192 on CUDA, 1024 on CPU "
                                                 "and in fwd_bwd mode)."),
-    isolate: bool = typer.Option(True, help="Run each shape in a worker subprocess (crash isolation)."),
+    isolate: bool = typer.Option(True, help="Run the shapes in a worker subprocess (crash isolation; one "
+                                 "worker per run, replaced when it dies)."),
     plot_chart: bool = typer.Option(True, "--plot/--no-plot", help="Write a PNG chart next to each results file."),
-    worker_timeout: float = typer.Option(1800, help="Seconds before a shape's worker is killed."),
+    worker_timeout: float = typer.Option(1800, help="Seconds a shape may take before its worker is killed."),
     helion_effort: str = typer.Option("none", help="Helion autotuning of our Helion kernels (backend helion): none "
                                       "(Helion's default configs), quick or full (HELION_AUTOTUNE_EFFORT's presets); "
                                       "tuned configs are cached in results/tuned/<gpu>/helion/."),
     helion_examples: Optional[Path] = typer.Option(None, help="A Helion repository checkout (or its examples/linear) "
                                                    "for backend helion-linear (default: $GDNBENCH_HELION_EXAMPLES)."),
     resume: Optional[Path] = typer.Option(None, "--resume", help="Continue an interrupted run: measure the shapes "
-                                          "of this results file that lack a row for some backend:route, keep the "
+                                          "of this results file (or of its .jsonl journal, which a killed run "
+                                          "leaves beside it) that lack a row for some backend:route, keep the "
                                           "rest, write all back to it. Set, mode, backends, routes and timing "
                                           "options default to the file's; device, GPU, versions and code must "
                                           "match."),
@@ -165,6 +165,7 @@ def _run(shapes, backends, routes, shape_ids, mode, device, out, l2, warmup, rou
          plot_chart, worker_timeout, resume=None):
     from . import backends as registry
     from . import results
+    from .cli_run import fresh_path, measure_and_write
     from .runner import run_set
     from .timing import TimingParams
 
@@ -218,10 +219,10 @@ def _run(shapes, backends, routes, shape_ids, mode, device, out, l2, warmup, rou
             console.print(f"resuming {path}: {len(wanted)} shape(s) to measure: {', '.join(wanted)}", markup=False)
             header = {k: v for k, v in prior.items() if k != "rows"}
         else:
-            path = _fresh_path(out, results.default_path(env, ss.name, stamp, mode))
+            path = fresh_path(out, results.default_path(env, ss.name, stamp, mode))
             header = results.make_document(env, ss, params.describe(), run_info, [], stamp)
             prior = {"rows": []}
-        codes.append(_measure_and_write(ss, wanted, backend_names, routes_l, header, prior["rows"], Path(path),
+        codes.append(measure_and_write(ss, wanted, backend_names, routes_l, header, prior["rows"], Path(path),
                                         resume, stamp, plot_chart, mode, lambda on_row, on_shape: run_set(
             ss, backend_names, routes_l, mode, device, check_tokens, params, wanted, isolate, on_row, on_shape,
             worker_timeout)))
@@ -234,90 +235,6 @@ def _run(shapes, backends, routes, shape_ids, mode, device, out, l2, warmup, rou
               code)
     if code != EXIT_OK:
         raise typer.Exit(code)
-
-
-def _fresh_path(out: Optional[Path], named: Path) -> Path:
-    """Where a new run writes: --out FILE.json, else a fresh name (held by its journal) in --out DIR or
-    results/<gpu>/."""
-    if out is None or out.suffix != ".json":
-        from .results import claim_path
-
-        return claim_path(out / named.name if out is not None else named)
-    if journal_path(out).exists():
-        raise UsageError(f"{journal_path(out)}: the journal of an earlier run of this file; continue it with "
-                         f"--resume {out}, or remove it")
-    return out
-
-
-def _measure_and_write(ss, wanted, backend_names, routes_l, header, prior_rows, path: Path, resume, stamp,
-                       plot_chart, mode, go) -> int:
-    """Measure, journaling each row; write the document (complete or marked interrupted); the exit code."""
-    from . import results
-
-    journal = Journal(journal_path(path), header)
-    started = time.monotonic()
-    try:
-        rows, stopped = _run_with_progress(ss, len(wanted) * len(backend_names) * len(routes_l), go, journal.append)
-    finally:
-        journal.close()
-    spent, wall = rep.time_spent(rows), time.monotonic() - started
-    interrupted = str(stopped) if stopped is not None else None
-    with deferred_signals():
-        if resume is not None:
-            doc = results.merge_resumed({**header, "rows": prior_rows}, rows, wanted,
-                                        list(header["shape_set"]["shapes"]),
-                                        {"argv": sys.argv[1:], "utc": stamp, "shapes": wanted,
-                                         "interrupted": interrupted})
-        else:
-            doc = {**header, "run": {**header["run"], "interrupted": interrupted}, "rows": rows}
-        written = results.write_atomic(doc, path)
-        journal.remove()
-    _say("wrote", "green", str(written))
-    _print_tables(rep.report_tables(doc))
-    console.print(f"{len(wanted)} shape(s) in {wall:.0f} s: oracles {spent['oracle']:.0f} s, checks (first calls "
-                  f"included) {spent['check']:.0f} s, timing {spent['timing']:.0f} s, the rest (worker start, "
-                  f"imports, inputs) {max(wall - sum(spent.values()), 0):.0f} s", highlight=False)
-    if plot_chart and any(r["status"] == "ok" for r in doc["rows"]):
-        from .plot import plot
-
-        _say("chart", "green", str(plot(doc, Path(written).with_suffix(".png"), mode=mode)))
-    if stopped is not None:
-        err_console.print(Text("error: ", style="red") + Text(
-            f"{interrupted}; the {len(rows)} rows measured so far were written to {written} (continue with: "
-            f"gdnbench run --resume {written})"), highlight=False, soft_wrap=True)
-        return stopped.exit_code if isinstance(stopped, Stopped) else EXIT_STOPPED_BY_ERROR
-    return EXIT_OK if any(r["status"] == "ok" for r in rows) else EXIT_NOTHING_MEASURED
-
-
-class _RunError(Exception):
-    """An unexpected error that stopped the runner (not a row's failure); `exit_code` 1."""
-
-
-def _run_with_progress(ss, total: int, go, journal_row):
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
-
-    collected: list[dict] = []
-    with Progress(TextColumn("{task.description}", markup=False), BarColumn(), MofNCompleteColumn(),
-                  TimeElapsedColumn(), TimeRemainingColumn(), console=err_console, transient=False) as progress:
-        task = progress.add_task(ss.name, total=total)
-
-        def on_row(row):
-            journal_row(row)
-            collected.append(row)
-            progress.update(task, advance=1,
-                            description=f"{ss.name} {row['shape_id']} {row['backend']}:{row['route']} {row['status']}")
-
-        def on_shape(shape):
-            progress.update(task, description=f"{ss.name} {shape.id}")
-
-        try:
-            with stop_on_signals():
-                go(on_row, on_shape)
-        except Stopped as e:
-            return collected, e
-        except Exception as e:  # the rows measured so far are still written by the caller
-            return collected, _RunError(one_line(e, "stopped by"))
-    return collected, None
 
 
 @app.command()
