@@ -229,8 +229,15 @@ def test_shard_is_disjoint_and_covering(n, world):
     parts = [at_plan.shard(n, r, world) for r in range(world)]
     flat = sorted(i for p in parts for i in p)
     assert flat == list(range(n))
-    assert at_plan.shard(n, 0, world) == at_plan.shard(n, 0, world)  # pure
     assert max(map(len, parts)) - min(map(len, parts)) <= 1
+    # round-robin: a rank's candidates are `world` apart, so a batch's costly end is shared out
+    assert all(b - a == world for p in parts for a, b in zip(p, p[1:]))
+
+
+@pytest.mark.parametrize("rank, world", [(2, 2), (-1, 2), (0, 0)])
+def test_shard_refuses_a_rank_outside_the_world(rank, world):
+    with pytest.raises(ValueError, match=f"rank {rank} of world {world}"):
+        at.shard(5, rank, world)
 
 
 def test_sharded_evaluator_merges_in_batch_order():

@@ -83,8 +83,14 @@ def test_run_report_compare_plot_on_cpu(tmp_path):
     r = invoke("report", str(out), "--markdown", str(tmp_path / "r.md"))
     assert r.exit_code == 0 and "reference:flag/reference:explicit" in r.output
     assert "over 2/2 shapes" in (tmp_path / "r.md").read_text()
-    r = invoke("compare", str(out), str(out))
-    assert r.exit_code == 0 and "geomean B/A [wall]: 1.000 over 4/4 rows" in r.output
+    slower = json.loads(out.read_text())  # B: every time doubled, one row dropped
+    for row in slower["rows"]:
+        row["wall"]["median_us"] *= 2
+    dropped = slower["rows"].pop()
+    (tmp_path / "b.json").write_text(json.dumps(slower))
+    r = invoke("compare", str(out), str(tmp_path / "b.json"))
+    assert r.exit_code == 0 and "geomean B/A [wall]: 2.000 over 3/4 rows" in r.output, r.output
+    assert f"excluded {dropped['shape_id']} reference:{dropped['route']}: A ok, B missing" in r.output
     r = invoke("plot", str(out), "--out", str(tmp_path / "p.png"), "--kind", "wall")
     assert r.exit_code == 0 and (tmp_path / "p.png").exists()
 

@@ -399,6 +399,8 @@ def report_tables(doc: dict, baseline: str | None = None, pairs: list[str] | Non
 def _matched(a: dict, b: dict, mode: str | None, backends: list[str] | None):
     """(row keys compared, A's rows, B's rows): CompareError when the shape sets differ; rows skipped in
     both runs are left out."""
+    if run_mode(a) != run_mode(b):
+        raise CompareError(f"modes differ: A is a {run_mode(a)} run, B a {run_mode(b)} run; compare runs of one mode")
     mode = mode or run_mode(a)
     ha, hb = a["shape_set"]["hash"], b["shape_set"]["hash"]
     if ha != hb:

@@ -204,7 +204,7 @@ def _time_all(shape, ready: dict, mode: str, device: str, params: timing.TimingP
                 row["profiler_us"] = None
                 row["profiler_error"] = one_line(e)
             w, g = row["wall"]["median_us"], row["gpu"]["median_us"]
-            row["host_bound"] = bool(g > 0 and w > g * (1 + timing.HOST_BOUND_MARGIN))
+            row["host_bound"] = timing.host_bound(w, g)
         else:
             row["gpu"] = None
             row["host_bound"] = None

@@ -111,7 +111,8 @@ class Worker:
                     rc = -9
                     break
                 time.sleep(0.05)
-        except BaseException:  # a stop signal in the parent: the worker goes too
+        except BaseException:  # a stop signal in the parent: the worker goes too, at once
+            self._kill()
             self.close()
             raise
         rc = rc if rc != 0 else 1  # exited without finishing the task

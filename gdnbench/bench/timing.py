@@ -57,6 +57,11 @@ class TimingParams:
         }
 
 
+def host_bound(wall_us: float, gpu_us: float) -> bool:
+    """Whether the host, not the GPU, set a row's wall time: wall over gpu by more than the margin."""
+    return bool(gpu_us > 0 and wall_us > gpu_us * (1 + HOST_BOUND_MARGIN))
+
+
 def summarize(samples_us: list[float], round_size: int | None = None) -> dict:
     s = sorted(samples_us)
     n = len(s)

@@ -7,46 +7,29 @@ module load, so `gdnbench --help` is instant.
 from __future__ import annotations
 
 import sys
-import time
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Optional
 
 import typer
-from rich.console import Console
 from rich.text import Text
 
 from ..analysis import report as rep
 from ..data import shapes as shp
 from ..backends.base import one_line
-from ..data.journal import Journal, Stopped, deferred_signals, journal_path, stop_on_signals
+from ..data.journal import journal_path
 from ..data.results import ResultsError
+from .console import (EXIT_ABOVE_LIMIT, EXIT_BAD_INPUT, EXIT_CODES_HELP, EXIT_NO_DEVICE, EXIT_NOTHING_MEASURED,  # noqa: F401
+                      EXIT_OK, EXIT_STOPPED_BY_ERROR, console, err_console, say as _say)
+from .options import DEVICES, HELION_EFFORTS, L2_MODES, UsageError, choice
 from .tables import FORMAT_NAMES, emit, print_tables
 
 app = typer.Typer(add_completion=False, no_args_is_help=True,
                   help="Correctness-gated benchmarks of GDN / KDA linear-attention backends and q/k-norm routes.")
 shapes_app = typer.Typer(no_args_is_help=True, help="List, show, verify and freeze shape sets.")
 app.add_typer(shapes_app, name="shapes")
-console = Console()
-err_console = Console(stderr=True)
-
-EXIT_OK = 0
-EXIT_STOPPED_BY_ERROR = 1
-EXIT_BAD_INPUT = 2
-EXIT_NO_DEVICE = 3
-EXIT_NOTHING_MEASURED = 4
-EXIT_ABOVE_LIMIT = 1  # compare --fail-above: a B/A ratio over the limit (or nothing to hold to it)
-EXIT_CODES_HELP = ("Exit codes: 0 every shape measured (rows that failed their check or were skipped are "
-                   "results too); 1 stopped by an unexpected error; 2 bad input (file, field, option value); "
-                   "3 no CUDA device; 4 nothing measured (no row passed its check and was timed); "
-                   "128+N stopped by signal N (130 SIGINT, 143 SIGTERM, 129 SIGHUP). A stopped run writes what "
-                   "it measured, marked interrupted; continue it with --resume.")
 CONTRACT_SETS = ("kda-legacy6", "gdn-qwen6")
 DECODE_SETS = ("gdn-decode", "kda-decode")
-
-
-class UsageError(ValueError):
-    pass
 
 
 def _fail(msg: str, code: int = EXIT_BAD_INPUT):
@@ -101,9 +84,10 @@ def run(
     iters: int = typer.Option(20, min=1, help="Timed calls per route per round."),
     check_tokens: Optional[int] = typer.Option(None, help="Oracle length cap (default 1024 on CPU and in fwd_bwd "
                                                 "mode; CUDA fwd gates the full-length call)."),
-    isolate: bool = typer.Option(True, help="Run each shape in a worker subprocess (crash isolation)."),
+    isolate: bool = typer.Option(True, help="Run the shapes in a worker subprocess (crash isolation; one "
+                                 "worker per run, replaced when it dies)."),
     plot_chart: bool = typer.Option(True, "--plot/--no-plot", help="Write a PNG chart next to each results file."),
-    worker_timeout: float = typer.Option(1800, help="Seconds before a shape's worker is killed."),
+    worker_timeout: float = typer.Option(1800, help="Seconds a shape may take before its worker is killed."),
     helion_effort: str = typer.Option("none", help="Helion autotuning of our Helion kernels (backend helion): none "
                                       "(Helion's default configs), quick or full (HELION_AUTOTUNE_EFFORT's presets); "
                                       "tuned configs are cached in the user cache, <cache>/tuned/<gpu>/helion/ "
@@ -111,7 +95,8 @@ def run(
     helion_examples: Optional[Path] = typer.Option(None, help="A Helion repository checkout (or its examples/linear) "
                                                    "for backend helion-linear (default: $GDNBENCH_HELION_EXAMPLES)."),
     resume: Optional[Path] = typer.Option(None, "--resume", help="Continue an interrupted run: measure the shapes "
-                                          "of this results file that lack a row for some backend:route, keep the "
+                                          "of this results file (or of its .jsonl journal, which a killed run "
+                                          "leaves beside it) that lack a row for some backend:route, keep the "
                                           "rest, write all back to it. Set, mode, backends, routes and timing "
                                           "options default to the file's; device, GPU, versions and code must "
                                           "match."),
@@ -136,23 +121,18 @@ def run(
              check_tokens, isolate, plot_chart, worker_timeout, resume)
 
 
-HELION_EFFORTS = ("none", "quick", "full")
-
-
 def _helion_options(effort: str, examples: Optional[Path]) -> None:
     """The Helion options reach the backends (and the worker processes) through the environment."""
     import os
 
-    if effort not in HELION_EFFORTS:
-        raise UsageError(f"--helion-effort {effort!r}: use none, quick or full")
+    choice("--helion-effort", effort, HELION_EFFORTS)
     os.environ["GDNBENCH_HELION_EFFORT"] = effort
     if examples is not None:
         os.environ["GDNBENCH_HELION_EXAMPLES"] = str(examples.expanduser().resolve())
 
 
 def _resolve_device(device: str) -> str:
-    if device not in ("auto", "cuda", "cpu"):
-        raise UsageError(f"--device {device!r}: use auto, cuda or cpu")
+    choice("--device", device, DEVICES)
     if device == "cpu":
         return "cpu"
     import torch
@@ -168,11 +148,10 @@ def _run(shapes, backends, routes, shape_ids, mode, device, out, l2, warmup, rou
     from ..data import results
     from ..bench.runner import run_set
     from ..bench.timing import TimingParams
+    from .run import fresh_path, measure_and_write
 
-    if l2 not in ("warm", "cold"):
-        raise UsageError(f"--l2 {l2!r}: use warm or cold")
-    if mode not in registry.MODES:
-        raise UsageError(f"--mode {mode!r}: implemented modes are {', '.join(registry.MODES)}")
+    choice("--l2", l2, L2_MODES)
+    choice("--mode", mode, registry.MODES)
     routes_l = _split(routes) or list(registry.ROUTES_BY_MODE[mode])
     for r in routes_l:
         if r not in registry.ALL_ROUTES:
@@ -221,10 +200,10 @@ def _run(shapes, backends, routes, shape_ids, mode, device, out, l2, warmup, rou
             console.print(f"resuming {path}: {len(wanted)} shape(s) to measure: {', '.join(wanted)}", markup=False)
             header = {k: v for k, v in prior.items() if k != "rows"}
         else:
-            path = _fresh_path(out, results.default_path(env, ss.name, stamp, mode))
+            path = fresh_path(out, results.default_path(env, ss.name, stamp, mode))
             header = results.make_document(env, ss, params.describe(), run_info, [], stamp)
             prior = {"rows": []}
-        codes.append(_measure_and_write(ss, wanted, backend_names, routes_l, header, prior["rows"], Path(path),
+        codes.append(measure_and_write(ss, wanted, backend_names, routes_l, header, prior["rows"], Path(path),
                                         resume, stamp, plot_chart, mode, lambda on_row, on_shape: run_set(
             ss, backend_names, routes_l, mode, device, check_tokens, params, wanted, isolate, on_row, on_shape,
             worker_timeout)))
@@ -237,90 +216,6 @@ def _run(shapes, backends, routes, shape_ids, mode, device, out, l2, warmup, rou
               code)
     if code != EXIT_OK:
         raise typer.Exit(code)
-
-
-def _fresh_path(out: Optional[Path], named: Path) -> Path:
-    """Where a new run writes: --out FILE.json, else a fresh name (held by its journal) in --out DIR or
-    results/<gpu>/."""
-    if out is None or out.suffix != ".json":
-        from ..data.results import claim_path
-
-        return claim_path(out / named.name if out is not None else named)
-    if journal_path(out).exists():
-        raise UsageError(f"{journal_path(out)}: the journal of an earlier run of this file; continue it with "
-                         f"--resume {out}, or remove it")
-    return out
-
-
-def _measure_and_write(ss, wanted, backend_names, routes_l, header, prior_rows, path: Path, resume, stamp,
-                       plot_chart, mode, go) -> int:
-    """Measure, journaling each row; write the document (complete or marked interrupted); the exit code."""
-    from ..data import results
-
-    journal = Journal(journal_path(path), header)
-    started = time.monotonic()
-    try:
-        rows, stopped = _run_with_progress(ss, len(wanted) * len(backend_names) * len(routes_l), go, journal.append)
-    finally:
-        journal.close()
-    spent, wall = rep.time_spent(rows), time.monotonic() - started
-    interrupted = str(stopped) if stopped is not None else None
-    with deferred_signals():
-        if resume is not None:
-            doc = results.merge_resumed({**header, "rows": prior_rows}, rows, wanted,
-                                        list(header["shape_set"]["shapes"]),
-                                        {"argv": sys.argv[1:], "utc": stamp, "shapes": wanted,
-                                         "interrupted": interrupted})
-        else:
-            doc = {**header, "run": {**header["run"], "interrupted": interrupted}, "rows": rows}
-        written = results.write_atomic(doc, path)
-        journal.remove()
-    console.print(f"wrote {written}", style="green", markup=False, soft_wrap=True)
-    print_tables(console, rep.report_tables(doc))
-    console.print(f"{len(wanted)} shape(s) in {wall:.0f} s: oracles {spent['oracle']:.0f} s, checks (first calls "
-                  f"included) {spent['check']:.0f} s, timing {spent['timing']:.0f} s, the rest (worker start, "
-                  f"imports, inputs) {max(wall - sum(spent.values()), 0):.0f} s", highlight=False, soft_wrap=True)
-    if plot_chart and any(r["status"] == "ok" for r in doc["rows"]):
-        from ..analysis.plot import plot
-
-        console.print(f"chart {plot(doc, Path(written).with_suffix('.png'), mode=mode)}", markup=False)
-    if stopped is not None:
-        err_console.print(Text("error: ", style="red") + Text(
-            f"{interrupted}; the {len(rows)} rows measured so far were written to {written} (continue with: "
-            f"gdnbench run --resume {written})"), highlight=False, soft_wrap=True)
-        return stopped.exit_code if isinstance(stopped, Stopped) else EXIT_STOPPED_BY_ERROR
-    return EXIT_OK if any(r["status"] == "ok" for r in rows) else EXIT_NOTHING_MEASURED
-
-
-class _RunError(Exception):
-    """An unexpected error that stopped the runner (not a row's failure); `exit_code` 1."""
-
-
-def _run_with_progress(ss, total: int, go, journal_row):
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
-
-    collected: list[dict] = []
-    with Progress(TextColumn("{task.description}", markup=False), BarColumn(), MofNCompleteColumn(),
-                  TimeElapsedColumn(), TimeRemainingColumn(), console=err_console, transient=False) as progress:
-        task = progress.add_task(ss.name, total=total)
-
-        def on_row(row):
-            journal_row(row)
-            collected.append(row)
-            progress.update(task, advance=1,
-                            description=f"{ss.name} {row['shape_id']} {row['backend']}:{row['route']} {row['status']}")
-
-        def on_shape(shape):
-            progress.update(task, description=f"{ss.name} {shape.id}")
-
-        try:
-            with stop_on_signals():
-                go(on_row, on_shape)
-        except Stopped as e:
-            return collected, e
-        except Exception as e:  # the rows measured so far are still written by the caller
-            return collected, _RunError(one_line(e, "stopped by"))
-    return collected, None
 
 
 @app.command()
@@ -343,16 +238,14 @@ def report(
     with _bad_input_exits():
         doc = results.load(file)
         _check_baseline(doc, baseline)
-        mode = mode or rep.run_mode(doc)
-        if mode not in rep.MODES:
-            raise UsageError(f"--mode {mode!r}: use {' or '.join(rep.MODES)}")
-        pairs = rep.standard_pairs(rep.rows_of_mode(doc, mode)) + _split(pair) if pair else None
+        mode = choice("--mode", mode or rep.run_mode(doc), rep.MODES)
+        pairs = rep.standard_pairs(rep.rows_of_mode(doc, mode)) + _check_pairs(doc, _split(pair)) if pair else None
         tables = rep.report_tables(doc, baseline, pairs, mode)
         tables += _roofline_tables(doc, mode) if mode in ("fwd", "decode") else []
     emit(console, tables, fmt, to)
     if markdown:
         markdown.write_text(rep.to_markdown(tables))
-        console.print(f"[green]wrote[/green] {markdown}")
+        _say("wrote", "green", str(markdown))
 
 
 def _check_format(fmt: str) -> None:
@@ -365,6 +258,20 @@ def _check_baseline(doc: dict, baseline: Optional[str]) -> None:
     known = sorted({f"{r['backend']}:{r['route']}" for r in doc.get("rows", [])})
     if baseline is not None and baseline not in known:
         raise UsageError(f"--baseline {baseline!r}: not in this file (its backend:routes: {', '.join(known)})")
+
+
+def _check_pairs(doc: dict, pairs: list[str]) -> list[str]:
+    """Each --pair is NUM/DEN, each side a backend:route (or backend:best) of the file."""
+    known = {f"{r['backend']}:{r['route']}" for r in doc["rows"]} | {f"{r['backend']}:best" for r in doc["rows"]}
+    for p in pairs:
+        sides = p.split("/")
+        if len(sides) != 2 or not all(s.count(":") == 1 for s in sides):
+            raise UsageError(f"--pair {p!r}: use NUM/DEN, each a backend:route, e.g. gdnbench:best/fla:flag")
+        missing = [s for s in sides if s not in known]
+        if missing:
+            raise UsageError(f"--pair {p!r}: {missing[0]} is not in this file (its backend:routes: "
+                             f"{', '.join(sorted(known))})")
+    return pairs
 
 
 def _calibration_for(doc: dict, file) -> dict:
@@ -400,7 +307,8 @@ def calibrate():
     except cal.NoCudaError as e:
         _fail(str(e), EXIT_NO_DEVICE)
     path = cal.save(calib)
-    console.print(f"{cal.summary(calib)}\n[green]wrote[/green] {path}")
+    console.print(cal.summary(calib), markup=False)
+    _say("wrote", "green", str(path))
 
 
 @app.command()
@@ -422,8 +330,11 @@ def compare(
     _check_format(fmt)
     with _bad_input_exits():
         da, db = results.load(a), results.load(b)
-        tables = rep.compare(da, db, backends=_split(backends) or None)
-        ratios = rep.compare_ratios(da, db, backends=_split(backends) or None, rows=fail_rows)
+        try:
+            tables = rep.compare(da, db, backends=_split(backends) or None)
+            ratios = rep.compare_ratios(da, db, backends=_split(backends) or None, rows=fail_rows)
+        except rep.CompareError as e:
+            raise rep.CompareError(f"{a} vs {b}: {e}") from None
     emit(console, tables, fmt, to)
     if markdown:
         markdown.write_text(rep.to_markdown(tables))
@@ -449,9 +360,8 @@ def plot(
     from ..data import results
     from ..analysis.plot import plot as draw
 
-    if kind not in rep.TIME_KINDS:
-        _fail(f"--kind {kind!r}: use gpu or wall")
     with _bad_input_exits():
+        choice("--kind", kind, rep.TIME_KINDS)
         doc = results.load(file)
         _check_baseline(doc, baseline)
         calib = _calibration_for(doc, file) if roofline else None
@@ -464,7 +374,7 @@ def plot(
             path = draw(doc, out, kind, baseline, mode=rep.run_mode(doc))
     except ValueError as e:  # nothing to plot
         _fail(f"{file}: {e}")
-    console.print(f"[green]wrote[/green] {path}")
+    _say("wrote", "green", str(path))
 
 
 @shapes_app.command("list")
@@ -507,7 +417,7 @@ def shapes_verify(names: Optional[list[str]] = typer.Argument(None, help="Sets t
     for ss in sets:
         p = shp.verify(ss, shp.ledger_for(ss))
         problems += p
-        console.print(f"{'[green]ok[/green]' if not p else '[red]FAIL[/red]'} {ss.name} v{ss.version} {ss.hash}")
+        _say("ok" if not p else "FAIL", "green" if not p else "red", f"{ss.name} v{ss.version} {ss.hash}")
     if problems:
         _fail("; ".join(problems))
 
@@ -517,7 +427,7 @@ def shapes_freeze(path: Path = typer.Argument(..., help="A shape-set .toml file,
     """Write a set's hash into its file and record the version in the frozen.json beside it."""
     with _bad_input_exits():
         h = shp.freeze(path)
-    console.print(f"froze {path}: {h}")
+    console.print(f"froze {path}: {h}", markup=False, highlight=False)
 
 
 @app.command()
@@ -534,6 +444,8 @@ def env(device: str = typer.Option("auto", help="auto, cuda or cpu."),
     if helion_examples is not None:
         os.environ["GDNBENCH_HELION_EXAMPLES"] = str(helion_examples.expanduser().resolve())
 
+    with _bad_input_exits():
+        choice("--device", device, DEVICES)
     dev = device
     if device == "auto":
         try:

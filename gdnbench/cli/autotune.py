@@ -17,8 +17,9 @@ from typing import Optional
 
 import typer
 from rich.console import Console
+from rich.text import Text
 
-from ..vocab import FAMILIES
+from .options import DEVICES, FAMILIES, SHARDS, UsageError, choice
 
 EXIT_BAD_INPUT = 2
 EXIT_NO_DEVICE = 3
@@ -37,7 +38,7 @@ class _Bad(ValueError):
 
 
 def _fail(msg: str, code: int = EXIT_BAD_INPUT):
-    err_console.print(f"[red]error:[/red] {msg}", highlight=False, soft_wrap=True)
+    err_console.print(Text("error: ", style="red") + Text(msg), highlight=False, soft_wrap=True)
     raise typer.Exit(code)
 
 
@@ -124,8 +125,7 @@ def _argv(opts: dict) -> list[str]:
 
 
 def _resolve_device(device: str, dry_run: bool) -> str:
-    if device not in ("auto", "cuda", "cpu"):
-        raise _Bad(f"--device {device!r}: use auto, cuda or cpu")
+    choice("--device", device, DEVICES)
     if dry_run or device == "cpu":
         return "cuda" if device == "auto" else device
     import torch
@@ -263,11 +263,10 @@ def register(app: typer.Typer) -> None:
             _report(cache_dir, plot)
             return
         try:
-            fam = _pick([family], FAMILIES + ("all",), "--family")[0]
+            fam = choice("--family", family, FAMILIES)
             kernel_l = _pick(kernels, _known_kernels(), "--kernels")
             route_l = _pick(routes, _known_routes(), "--routes")
-            if shard not in ("searches", "candidates"):
-                raise _Bad(f"--shard {shard!r}: use searches or candidates")
+            choice("--shard", shard, SHARDS)
             lows = (("--budget", budget, 0), ("--min-gain", min_gain, 0), ("--compile-workers", compile_workers, 0))
             for name, val, low in ((n, v, lo) for n, v, lo in lows if v is not None):
                 if not val >= low:
@@ -370,7 +369,7 @@ def _known_routes() -> tuple:
 def _domain_errors():
     from ..data.shapes import ShapeError
 
-    return (_Bad, ShapeError)
+    return (_Bad, UsageError, ShapeError)
 
 
 def _standalone_app() -> typer.Typer:

@@ -221,6 +221,12 @@ def read_json(path: str | Path, error: type[ValueError], what: str):
             return json.load(fh)
     except FileNotFoundError:
         raise error(f"{path}: no such {what}") from None
+    except IsADirectoryError:
+        raise error(f"{path}: a directory, not a {what}") from None
+    except UnicodeDecodeError:
+        raise error(f"{path}: not a text (UTF-8 JSON) file") from None
+    except OSError as e:
+        raise error(f"{path}: cannot read ({e.strerror or type(e).__name__})") from None
     except json.JSONDecodeError as e:
         raise error(f"{path}: not valid JSON ({e.msg} at line {e.lineno})") from None
 
@@ -240,13 +246,51 @@ def validate(doc, p: str) -> dict:
     for key in ("env", "shape_set", "timing", "rows"):
         if key not in doc:
             raise ResultsError(f"{p}: missing top-level key {key!r}")
+    for key in ("env", "shape_set", "timing", "run"):
+        if key in doc and not isinstance(doc[key], dict) and not (key == "run" and doc[key] is None):
+            raise ResultsError(f"{p}: top-level {key!r}: expected an object, got {_kind(doc[key])}")
+    for key in ("name", "hash"):
+        if not isinstance(doc["shape_set"].get(key), str):
+            raise ResultsError(f"{p}: shape_set.{key}: expected a string, got {_kind(doc['shape_set'].get(key))}")
+    if not isinstance(doc["shape_set"].get("shapes", {}), dict):
+        raise ResultsError(f"{p}: shape_set.shapes: expected an object, got {_kind(doc['shape_set']['shapes'])}")
+    if not isinstance(doc["rows"], list):
+        raise ResultsError(f"{p}: top-level 'rows': expected a list of objects, got {_kind(doc['rows'])}")
     for i, row in enumerate(doc["rows"]):
-        for key in ("shape_id", "backend", "route", "mode", "status"):
-            if key not in row:
-                raise ResultsError(f"{p}: row {i}: missing field {key!r}")
-        if row["status"] not in ROW_STATUSES:
-            raise ResultsError(f"{p}: row {i}: status {row['status']!r} is not one of {ROW_STATUSES}")
+        _check_row(row, f"{p}: row {i}")
     return doc
+
+
+def _kind(value) -> str:
+    """A JSON value's kind and the value, briefly, for an error message."""
+    names = {dict: "an object", list: "a list", str: "a string", bool: "a boolean", int: "a number",
+             float: "a number", type(None): "null"}
+    shown = repr(value) if not isinstance(value, (dict, list)) else ""
+    return f"{names.get(type(value), type(value).__name__)} {shown[:60]}".strip()
+
+
+def _check_row(row, where: str) -> None:
+    """A row's fields have the types report, compare and plot read (times: positive numbers)."""
+    if not isinstance(row, dict):
+        raise ResultsError(f"{where}: expected an object, got {_kind(row)}")
+    for key in ("shape_id", "backend", "route", "mode", "status"):
+        if key not in row:
+            raise ResultsError(f"{where}: missing field {key!r}")
+        if not isinstance(row[key], str):
+            raise ResultsError(f"{where}: field {key!r}: expected a string, got {_kind(row[key])}")
+    if row["status"] not in ROW_STATUSES:
+        raise ResultsError(f"{where}: status {row['status']!r} is not one of {ROW_STATUSES}")
+    if not isinstance(row.get("reason", ""), str):
+        raise ResultsError(f"{where}: field 'reason': expected a string, got {_kind(row['reason'])}")
+    for key in ("check", "wall", "gpu", "seconds"):
+        if row.get(key) is not None and not isinstance(row[key], dict):
+            raise ResultsError(f"{where}: field {key!r}: expected an object or null, got {_kind(row[key])}")
+    for key in ("wall", "gpu"):
+        t = row.get(key) or {}
+        if "median_us" in t or (key == "wall" and row["status"] == "ok" and row.get("wall") is not None):
+            m = t.get("median_us")
+            if isinstance(m, bool) or not isinstance(m, (int, float)) or not 0 < m < float("inf"):
+                raise ResultsError(f"{where}: field '{key}.median_us': expected a positive number, got {_kind(m)}")
 
 
 def load_resumable(path: str | Path) -> tuple[dict, Path]:

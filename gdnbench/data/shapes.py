@@ -41,6 +41,11 @@ GATES = {"gdn": "logsigmoid", "kda": "bounded"}
 # (KDA: per-channel) rates over two decades and some exactly 0, as in trained models
 GATE_REGIMES = ("strong", "long")
 MAX_HEAD_DIM = 256
+# Sizes no GPU could hold are refused at load (H = 10**23 once loaded, and its run "succeeded" with
+# an error row whose reason was lost): every count within int32 (the kernels' index type), and a
+# shape's q, k, v, o, gates and states within 1 TiB (an H200 holds 141 GB).
+MAX_COUNT = 2**31 - 1
+MAX_SHAPE_BYTES = 2**40
 
 
 class ShapeError(ValueError):
@@ -161,6 +166,10 @@ _LATER_FIELDS = {"decode": False, "pool": None, "state_dtype": "float32", "gate_
 _TOP_KEYS = {"name", "version", "hash", "description", "defaults", "shape"}
 
 
+def one_line(e: Exception) -> str:
+    return str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+
+
 def _fail(path: str, sid: str, fld: str, msg: str) -> ShapeError:
     return ShapeError(f"{path}: shape {sid!r}: field {fld!r}: {msg}")
 
@@ -184,6 +193,9 @@ def _parse_shape(path: str, raw: dict, defaults: dict, index: int) -> Shape:
         raise _fail(path, sid, "family", f"{fam!r} is not one of {FAMILIES}")
     merged.setdefault("HV", merged["H"])
     merged.setdefault("gate", GATES[fam])
+    for key in ("H", "HV", "K", "V", "B", "pool", "seed"):
+        if key in merged and not merged[key] <= MAX_COUNT:
+            raise _fail(path, sid, key, f"{merged[key]} is over {MAX_COUNT}")
     for key in ("H", "HV", "K", "V", "B", "pool"):
         if key in merged and merged[key] <= 0:
             raise _fail(path, sid, key, f"must be positive, got {merged[key]}")
@@ -200,6 +212,8 @@ def _parse_shape(path: str, raw: dict, defaults: dict, index: int) -> Shape:
             raise _fail(path, sid, "lens", f"expected integers, got {n!r}")
         if n <= 0:
             raise _fail(path, sid, "lens", f"length {n} is not positive")
+        if n > MAX_COUNT:
+            raise _fail(path, sid, "lens", f"length {n} is over {MAX_COUNT}")
     _check_decode(path, sid, merged)
     if len(lens) > 1 and merged.get("B", 1) != 1:
         raise _fail(path, sid, "B", "packed lens (several lengths) need B = 1")
@@ -223,7 +237,19 @@ def _parse_shape(path: str, raw: dict, defaults: dict, index: int) -> Shape:
             raise _fail(path, sid, "scale", f"{merged['scale']} must be a positive number")
         merged["scale"] = float(merged["scale"])
     merged["lens"] = tuple(lens)
-    return Shape(**merged)
+    shape = Shape(**merged)
+    if shape_bytes(shape) > MAX_SHAPE_BYTES:
+        raise _fail(path, sid, "lens", f"{shape.tokens} tokens x H{shape.H}/HV{shape.HV} K{shape.K} V{shape.V} need "
+                                       f"{shape_bytes(shape) / 2**40:.1f} TiB, over {MAX_SHAPE_BYTES // 2**40} TiB")
+    return shape
+
+
+def shape_bytes(s: Shape) -> int:
+    """Bytes of a shape's inputs, output and states at its dtypes (fp32 gates): a lower bound of a run's
+    memory, for refusing sizes no GPU holds."""
+    elt = 4 if s.dtype == "float32" else 2
+    per_token = (2 * s.H * s.K + 2 * s.HV * s.V) * elt + s.HV * (s.K + 1) * 4
+    return s.tokens * per_token + (s.pool_size if s.decode else s.n_seqs) * s.HV * s.K * s.V * 4
 
 
 def _check_decode(path: str, sid: str, merged: dict) -> None:
@@ -270,8 +296,14 @@ def load_file(path: str | Path) -> ShapeSet:
             raw = tomllib.load(fh)
     except FileNotFoundError:
         raise ShapeError(f"{p}: no such shape file") from None
+    except IsADirectoryError:
+        raise ShapeError(f"{p}: a directory, not a shape file") from None
+    except UnicodeDecodeError:
+        raise ShapeError(f"{p}: not a text (UTF-8 TOML) file") from None
+    except OSError as e:
+        raise ShapeError(f"{p}: cannot read ({e.strerror or type(e).__name__})") from None
     except tomllib.TOMLDecodeError as e:
-        raise ShapeError(f"{p}: not valid TOML: {e}") from None
+        raise ShapeError(f"{p}: not valid TOML: {one_line(e)}") from None
     for key in raw:
         if key not in _TOP_KEYS:
             raise ShapeError(f"{p}: unknown top-level key {key!r}")
@@ -284,6 +316,9 @@ def load_file(path: str | Path) -> ShapeSet:
     raw_shapes = raw.get("shape", [])
     if not isinstance(raw_shapes, list) or not raw_shapes:
         raise ShapeError(f"{p}: no [[shape]] entries")
+    for i, entry in enumerate(raw_shapes):
+        if not isinstance(entry, dict):
+            raise ShapeError(f"{p}: shape #{i}: expected a [[shape]] table, got {type(entry).__name__} {entry!r}")
     shapes = tuple(_parse_shape(p, s, defaults, i) for i, s in enumerate(raw_shapes))
     ids = [s.id for s in shapes]
     dup = {i for i in ids if ids.count(i) > 1}
