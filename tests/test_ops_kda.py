@@ -74,6 +74,21 @@ def test_packed_varlen_gva2_unequal_kv(norm, dtype):
     check(norm, dtype, q, k, v, g, beta, s0, cu)
 
 
+# head sizes that are not multiples of 16 (FLA's tests use 60 and 100): fp32 at (60, 100) and (24, 24), fp16 at
+# (100, 60), every route
+ODD_HEADS = [(60, 100, torch.float32), (100, 60, torch.float16), (24, 24, torch.float32)]
+
+
+@pytest.mark.parametrize("K,V,dtype", ODD_HEADS)
+@pytest.mark.parametrize("norm", ["none", "flag", "fused_q", "fused_qk"])
+def test_head_sizes_not_multiples_of_16(norm, K, V, dtype):
+    """Packed varlen (a tail < 64, one > 64) with initial and final states, GVA 2: masked K and V tails in
+    every kernel, per-channel gates on the masked channels included."""
+    cu = torch.tensor([0, 37, 100], dtype=torch.int64)
+    q, k, v, g, beta, s0 = make_inputs(1, 100, 1, 2, K, V, dtype, n_seqs=2, h0=True, seed=11)
+    check(norm, dtype, q, k, v, g, beta, s0, cu)
+
+
 @pytest.mark.parametrize("norm", ["flag", "fused_qk"])
 def test_dense_batch_k96_gva3_fp16(norm):
     """B=2, T=130 (a 2-token tail), GVA 3, K=96 (three K tiles, a partly masked second state piece), fp16."""
@@ -223,7 +238,8 @@ def test_bad_arguments():
         chunk_kda(q, k, v, g, beta, norm="l2")
 
 
-@pytest.mark.parametrize("K,V", [(16, 16), (32, 16), (32, 48), (96, 192), (128, 128), (256, 256)])
+@pytest.mark.parametrize("K,V", [(16, 16), (32, 16), (32, 48), (96, 192), (128, 128), (256, 256), (60, 100),
+                                 (100, 60), (24, 24)])
 def test_validate_accepts_kda_defaults(K, V):
     for elt in (2, 4):
         validate(default_config(K, V, elt, "kda"), K, V, elt, "kda")
