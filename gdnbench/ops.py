@@ -45,6 +45,7 @@ each output row by q's rstd once, at the end.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from dataclasses import dataclass
 
@@ -453,9 +454,19 @@ def chunk_kda(q, k, v, g, beta, *, scale=None, initial_state=None, output_final_
     if lower_bound is not None and check_gates:
         check_kda_gates(g, lower_bound)
     with torch.no_grad():
-        config = config or default_config(q.shape[-1], v.shape[-1], q.element_size(), "kda")
+        if config is None:
+            config = default_config(q.shape[-1], v.shape[-1], q.element_size(), "kda")
+            if lower_bound is None:
+                config = _unbounded_default(config)
         return _forward(q, k, v, g, beta, scale, initial_state, output_final_state, cu_seqlens, norm,
                         config, chunk_indices, unbounded=lower_bound is None)
+
+
+def _unbounded_default(config: GDNConfig) -> GDNConfig:
+    """The default config with kda_intra at 4 warps for the unbounded form: at the bounded form's 2 warps
+    (BK 32) it spills on sm_90 (Triton 3.6, offline, K = V = 128 bf16: 255 registers and 600 B of stack
+    under flag, 760 B under fused_qk); at 4 warps 244 registers, no stack (flag).  Untimed."""
+    return dataclasses.replace(config, kda_intra=dataclasses.replace(config.kda_intra, num_warps=4))
 
 
 def check_kda_gates(g: torch.Tensor, lower_bound: float) -> None:

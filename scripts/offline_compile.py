@@ -5,6 +5,7 @@ is spent, that the kernels build with another Triton (the H200 image has 3.6) an
     python scripts/offline_compile.py --family kda --norm fused_qk
     python scripts/offline_compile.py --family gdn --norm flag --T 300 --lens 100,200
     python scripts/offline_compile.py --family kda --set kda_intra=BK:64,num_warps:8,num_stages:2
+    python scripts/offline_compile.py --family kda --norm fused_qk --unbounded
 
 The op runs on CPU tensors with every launch intercepted (nothing executes); each intercepted launch
 is compiled with its own arguments' dtypes and constexprs and the config's warps/stages/maxnreg.
@@ -104,6 +105,7 @@ def main() -> None:
     ap.add_argument("--set", action="append", default=[], metavar="KERNEL=FIELD:VALUE,...",
                     help="replace one kernel's config, e.g. kda_intra=BK:64,num_warps:8")
     ap.add_argument("--sass", metavar="DIR", help="also write each kernel's SASS and TTGIR there")
+    ap.add_argument("--unbounded", action="store_true", help="KDA: lower_bound=None (kda_intra's UNBOUNDED form)")
     args = ap.parse_args()
 
     launches = []
@@ -127,7 +129,7 @@ def main() -> None:
     if args.family == "kda":
         g = -torch.rand(1, T, args.HV, args.K)
         ops.chunk_kda(q, k, v, g, beta, initial_state=h0, output_final_state=True, cu_seqlens=cu, norm=args.norm,
-                      lower_bound=-5.0, config=config)
+                      lower_bound=None if args.unbounded else -5.0, config=config)
     else:
         g = -torch.rand(1, T, args.HV)
         ops.chunk_gdn(q, k, v, g, beta, initial_state=h0, output_final_state=True, cu_seqlens=cu, norm=args.norm,
