@@ -60,6 +60,23 @@ def test_start_point_is_the_default_config_and_blocks_are_clamped():
         validate(GDNConfig(state=KernelConfig(BV=32, num_warps=16, num_stages=2, maxnreg=200)), 128, 128)
 
 
+@pytest.mark.parametrize("K,V", [(60, 100), (100, 60), (24, 24)])
+def test_spaces_at_head_sizes_not_multiples_of_16(K, V):
+    """Blocks up to the next power of two of each head size, a valid start point, valid points in every
+    kernel's space, for both families."""
+    for family, kernels in (("gdn", ("gram", "wu", "state", "output", "output_fused", "aqk", "state_out")),
+                            ("kda", ("kda_intra", "wu", "state", "output", "output_fused"))):
+        for kernel in kernels:
+            space = at.build_space(kernel, K, V, "float16", family)
+            dims = dict(space.dims)
+            top = {"BK": 1 << (K - 1).bit_length(), "BV": 1 << (V - 1).bit_length()}
+            for b in ("BK", "BV"):
+                if b in dims:
+                    assert max(dims[b]) == top[b], (kernel, b, dims[b])
+            assert space.is_valid(space.start), (family, kernel, space.start)
+            assert at.count_valid(kernel, K, V, "float16", family) > 0
+
+
 def test_kda_space_tunes_kda_intra_block_and_prunes_with_gate_tiles():
     from gdnbench.kernels.config import SMEM_LIMIT_BYTES, KernelConfig, _smem_estimate
 

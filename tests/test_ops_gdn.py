@@ -108,6 +108,22 @@ def test_packed_varlen_gva2_unequal_kv(norm, dtype):
     check(norm, dtype, q, k, v, g, beta, s0, cu)
 
 
+# head sizes that are not multiples of 16 (FLA's tests use 60 and 100): the masked tails of the K and V tiles;
+# fp32 at (60, 100) and (24, 24), fp16 at (100, 60), every route
+ODD_HEADS = [(60, 100, torch.float32), (100, 60, torch.float16), (24, 24, torch.float32)]
+
+
+@pytest.mark.parametrize("K,V,dtype", ODD_HEADS)
+@pytest.mark.parametrize("norm", ["none", "flag", "fused_q", "fused_qk"])
+def test_head_sizes_not_multiples_of_16(norm, K, V, dtype):
+    """Packed varlen (a tail < 64, one > 64) with initial and final states, GVA 2."""
+    cu = torch.tensor([0, 37, 100], dtype=torch.int64)
+    q, k, v, g, beta, s0 = make_inputs(1, 100, 1, 2, K, V, dtype, n_seqs=2, h0=True, seed=11)
+    if norm == "none":
+        q, k = l2norm(q), l2norm(k)
+    check(norm, dtype, q, k, v, g, beta, s0, cu)
+
+
 @pytest.mark.parametrize("norm", ["flag", "fused_qk"])
 def test_dense_batch_gva3(norm):
     """B=2, T=130 (tail of 2 tokens), GVA ratio 3, no initial state."""
@@ -300,11 +316,12 @@ def test_bad_arguments():
         chunk_gdn(q, k, v, g, beta, norm="l2")
     with pytest.raises(ValueError, match="B == 1"):
         chunk_gdn(q, k, v, g, beta, cu_seqlens=torch.tensor([0, 8]))
-    with pytest.raises(ValueError, match="multiple of 16"):
+    with pytest.raises(ValueError, match=r"K=8 must be in \[16, 256\]"):
         chunk_gdn(q[..., :8], k[..., :8], v, g, beta)
 
 
-@pytest.mark.parametrize("K,V", [(16, 16), (32, 16), (32, 48), (96, 192), (128, 128), (256, 256)])
+@pytest.mark.parametrize("K,V", [(16, 16), (32, 16), (32, 48), (96, 192), (128, 128), (256, 256), (60, 100),
+                                 (100, 60), (24, 24), (17, 255)])
 def test_validate_accepts_defaults(K, V):
     validate(default_config(K, V), K, V)
     validate(default_config(K, V, 4), K, V, dtype_bytes=4)
@@ -312,8 +329,8 @@ def test_validate_accepts_defaults(K, V):
 
 
 @pytest.mark.parametrize("cfg,K,V,match", [
-    (GDNConfig(), 40, 64, "multiple of 16"),
-    (GDNConfig(), 64, 512, "multiple of 16"),
+    (GDNConfig(), 8, 64, r"K=8 must be in \[16, 256\]"),
+    (GDNConfig(), 64, 512, r"V=512 must be in \[16, 256\]"),
     (GDNConfig(gram=KernelConfig(BK=48)), 64, 64, "BK"),
     (GDNConfig(wu=KernelConfig(BK=64, BV=None)), 64, 64, "BV"),
     (GDNConfig(state=KernelConfig(BV=32, num_warps=3)), 64, 64, "num_warps"),
@@ -352,8 +369,8 @@ def test_validate_remembers_only_what_passed():
     for _ in range(2):
         with pytest.raises(ValueError, match="BK"):
             validate(bad, 64, 64)
-    with pytest.raises(ValueError, match="multiple of 16"):
-        validate(good, 40, 64)  # the same config at other head sizes is checked again
+    with pytest.raises(ValueError, match=r"must be in \[16, 256\]"):
+        validate(good, 8, 64)  # the same config at other head sizes is checked again
     with pytest.raises(ValueError, match="BK"):
         validate(GDNConfig(gram=KernelConfig(BK=[64])), 64, 64)
 

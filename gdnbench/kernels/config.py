@@ -9,6 +9,9 @@ benchmark harness builds configs itself and checks them with :func:`validate`
 
 Block sizes are *upper bounds*: a kernel uses ``min(BK, next_pow2(K))`` (and
 likewise for BV), so the defaults are valid for every supported head size.
+Head sizes are any K, V in [16, 256]: every kernel masks its K and V tiles
+(``o_k < K``, ``o_v < V``), so a head of 60 or 100 runs the tiles of 64 or 128
+with the columns past it zero (they add nothing to the dots, norms or the state).
 """
 
 from __future__ import annotations
@@ -177,7 +180,7 @@ def _codegen_hazard(name: str, c, K: int, V: int, elt: int) -> str | None:
 def validate(config: GDNConfig, K: int, V: int, dtype_bytes: int = 2, family: str = "gdn") -> None:
     """Raise ValueError if ``config`` cannot run head sizes ``K``/``V`` for ``family`` ("gdn" or "kda").
 
-    Checks head sizes (multiples of 16, at most 256), block sizes (powers of two
+    Checks head sizes (16 to 256), block sizes (powers of two
     in 16..256 where the kernel has them), warps/stages/maxnreg ranges, a register
     cap that the register file can hold for every thread of the block, and a
     rough shared-memory estimate against the Hopper limit.  A config that passed is
@@ -197,8 +200,8 @@ def _check(config: GDNConfig, K: int, V: int, dtype_bytes: int, family: str) -> 
     if family not in FAMILIES:
         raise ValueError(f"family must be 'gdn' or 'kda', got {family!r}")
     for name, dim in (("K", K), ("V", V)):
-        if dim % 16 != 0 or not 16 <= dim <= MAX_HEAD_DIM:
-            raise ValueError(f"{name}={dim} must be a multiple of 16 in [16, {MAX_HEAD_DIM}]")
+        if not 16 <= dim <= MAX_HEAD_DIM:
+            raise ValueError(f"{name}={dim} must be in [16, {MAX_HEAD_DIM}]")
     needs = {"l2norm": (), "gram": ("BK",), "wu": ("BK", "BV"), "state": ("BV",), "output": ("BK", "BV"),
              "output_fused": ("BK", "BV"), "kda_cumsum": ("BK",), "kda_intra": ("BK",), "aqk": ("BK",),
              "state_out": ("BV",)}

@@ -468,9 +468,34 @@ def _c_row(gcb, r: tl.constexpr, o_k, n_valid, K: tl.constexpr, stride: tl.const
 
 
 @triton.jit
+def _diagonal_exact(xr, kb, gcb, c, rows, valid, n_valid, o_k, n, H: tl.constexpr, HV: tl.constexpr,
+                    K: tl.constexpr, BT: tl.constexpr, BC: tl.constexpr, NORMALIZE: tl.constexpr):
+    """One K tile's diagonal 16-blocks, sum_c x_ic k_jc exp2(c_ic - c_jc) for j <= i in i's block, per
+    entry in fp32 (exponents <= 0: no overflow for any gate); [BT, BT], zeros off those entries.
+    Step jj takes column jj of every block at once: row i meets k's row (i's block) * BC + jj.
+    NORMALIZE: k's rows times n on load (n gathered for the selected rows)."""
+    cols = tl.arange(0, BT)
+    acc = tl.zeros([BT, BT], dtype=tl.float32)
+    for jj in range(BC):
+        sel = (rows // BC) * BC + jj
+        m_sel = (sel < n_valid)[:, None] & (o_k < K)[None, :]
+        k_sel = tl.load(kb + sel[:, None] * (H * K) + o_k[None, :], mask=m_sel, other=0.0).to(tl.float32)
+        if NORMALIZE:
+            k_sel = k_sel * tl.sum(tl.where(cols[None, :] == sel[:, None], n[None, :], 0.0), 1)[:, None]
+        c_sel = tl.load(gcb + sel[:, None] * (HV * K) + o_k[None, :], mask=m_sel, other=0.0)
+        keep = valid & (rows % BC >= jj)
+        # where() after exp2: above the diagonal the exponent is positive and may overflow, never selected
+        f = tl.where(keep[:, None], tl.math.exp2(c - c_sel), 0.0)
+        entry = tl.sum(xr * k_sel * f, 1)
+        acc += tl.where(cols[None, :] == sel[:, None], entry[:, None], 0.0)
+    return acc
+
+
+@triton.jit
 def _kda_grams(qb, kb, gcb, rows, valid, n_valid, n, H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr,
                BK: tl.constexpr, BT: tl.constexpr, BC: tl.constexpr, WANT_K: tl.constexpr, WANT_Q: tl.constexpr,
-               NORMALIZE: tl.constexpr, SSQ: tl.constexpr, DOT_BF16: tl.constexpr, PREC: tl.constexpr):
+               NORMALIZE: tl.constexpr, SSQ: tl.constexpr, DOT_BF16: tl.constexpr, PREC: tl.constexpr,
+               UNBOUNDED: tl.constexpr):
     """One chunk's gated grams sum_c x_ic k_jc exp2(c_ic - c_jc) for x = k (WANT_K) or x = q (WANT_Q)
     as [BT, BT] dots per K tile, c the per-channel cumsum (g_cs, written by kda_cumsum_kernel).
     Returns (d, o, ss): d holds the diagonal 16-blocks, o the blocks below them (other entries are
@@ -485,7 +510,13 @@ def _kda_grams(qb, kb, gcb, rows, valid, n_valid, n, H: tl.constexpr, HV: tl.con
     every g >= -5).  Blocks below the diagonal, column block j: reference p_(j+1), which gives
     factors <= 1 on both sides, formed from the same two exp2 tiles times per-channel block factors
     exp2(p_a - p_b).  A column block of k is zero outside block j, so the three column blocks share
-    one accumulator."""
+    one accumulator.
+
+    UNBOUNDED (gates without a lower bound): no factor may exceed 1.  The diagonal blocks are summed
+    per entry, exp2(c_i - c_j) with j <= i in the same 16-block (_diagonal_exact); below the diagonal
+    the column factors are taken against p_(j+1) directly, k_j exp2(p_(j+1) - c_j) <= 1, and the row
+    factors are the same products of factors <= 1.  A factor that underflows to 0 stands for an entry
+    smaller than it, so below fp32's range."""
     blk = (rows // BC)[:, None]
     d = tl.zeros([BT, BT], dtype=tl.float32)
     od, ss = d, d
@@ -504,22 +535,41 @@ def _kda_grams(qb, kb, gcb, rows, valid, n_valid, n, H: tl.constexpr, HV: tl.con
             if PREC != "tf32x3":  # (fp32 storage reads its sums in _k_rstd_full)
                 ss = tl.dot(kx, tl.trans(kx), ss, input_precision=PREC)
         kf = kx.to(tl.float32)
-        kr = kf * tl.math.exp2(pd - c)
-        f10 = tl.math.exp2(p1 - p0)[None, :]
-        f21 = tl.math.exp2(p2 - p1)[None, :]
-        f31 = tl.math.exp2(p3 - p1)[None, :]
-        f32 = tl.math.exp2(p3 - p2)[None, :]
-        if WANT_K:
-            xl = kf * e
+        if UNBOUNDED:
+            xr = kf
+            if not WANT_K:
+                xr = tl.load(qb + rows[:, None] * (H * K) + o_k[None, :], mask=m, other=0.0).to(tl.float32)
+            xl = xr * e
+            d += _diagonal_exact(xr, kb, gcb, c, rows, valid, n_valid, o_k, n, H, HV, K, BT, BC, NORMALIZE)
+            # column block j against p_(j+1) (a block past the chunk's end reads p = 0: no valid row meets
+            # it, and min(., 0) keeps its factor finite); block 3 has no block below it
+            pc = tl.where(blk == 0, p1[None, :], tl.where(blk == 1, p2[None, :], p3[None, :]))
+            kc = tl.where(valid[:, None] & (blk < 3), kf * tl.math.exp2(tl.minimum(pc - c, 0.0)), 0.0)
+            f21 = tl.math.exp2(tl.minimum(p2 - p1, 0.0))[None, :]
+            f31 = tl.math.exp2(tl.minimum(p3 - p1, 0.0))[None, :]
+            f32 = tl.math.exp2(tl.minimum(p3 - p2, 0.0))[None, :]
+            od = _dot(xl * tl.where(blk == 0, 0.0, tl.where(blk == 1, 1.0, tl.where(blk == 2, f21, f31))),
+                      tl.trans(tl.where(blk == 0, kc, 0.0)), od, DOT_BF16, PREC)
+            od = _dot(xl * tl.where(blk <= 1, 0.0, tl.where(blk == 2, 1.0, f32)),
+                      tl.trans(tl.where(blk == 1, kc, 0.0)), od, DOT_BF16, PREC)
+            od = _dot(tl.where(blk == 3, xl, 0.0), tl.trans(tl.where(blk == 2, kc, 0.0)), od, DOT_BF16, PREC)
         else:
-            xl = tl.load(qb + rows[:, None] * (H * K) + o_k[None, :], mask=m, other=0.0).to(tl.float32) * e
-        d = _dot(xl, tl.trans(kr), d, DOT_BF16, PREC)
-        # column block j: k_j exp2(p_(j+1) - c_j); rows below block j: x exp2(c - p_(j+1))
-        od = _dot(xl * tl.where(blk == 0, 0.0, tl.where(blk == 1, 1.0, tl.where(blk == 2, f21, f31))),
-                  tl.trans(tl.where(blk == 0, kr * f10, 0.0)), od, DOT_BF16, PREC)
-        od = _dot(xl * tl.where(blk <= 1, 0.0, tl.where(blk == 2, 1.0, f32)),
-                  tl.trans(tl.where(blk == 1, kr * f21, 0.0)), od, DOT_BF16, PREC)
-        od = _dot(tl.where(blk == 3, xl, 0.0), tl.trans(tl.where(blk == 2, kr * f32, 0.0)), od, DOT_BF16, PREC)
+            kr = kf * tl.math.exp2(pd - c)
+            f10 = tl.math.exp2(p1 - p0)[None, :]
+            f21 = tl.math.exp2(p2 - p1)[None, :]
+            f31 = tl.math.exp2(p3 - p1)[None, :]
+            f32 = tl.math.exp2(p3 - p2)[None, :]
+            if WANT_K:
+                xl = kf * e
+            else:
+                xl = tl.load(qb + rows[:, None] * (H * K) + o_k[None, :], mask=m, other=0.0).to(tl.float32) * e
+            d = _dot(xl, tl.trans(kr), d, DOT_BF16, PREC)
+            # column block j: k_j exp2(p_(j+1) - c_j); rows below block j: x exp2(c - p_(j+1))
+            od = _dot(xl * tl.where(blk == 0, 0.0, tl.where(blk == 1, 1.0, tl.where(blk == 2, f21, f31))),
+                      tl.trans(tl.where(blk == 0, kr * f10, 0.0)), od, DOT_BF16, PREC)
+            od = _dot(xl * tl.where(blk <= 1, 0.0, tl.where(blk == 2, 1.0, f32)),
+                      tl.trans(tl.where(blk == 1, kr * f21, 0.0)), od, DOT_BF16, PREC)
+            od = _dot(tl.where(blk == 3, xl, 0.0), tl.trans(tl.where(blk == 2, kr * f32, 0.0)), od, DOT_BF16, PREC)
     return d, od, ss
 
 
@@ -542,19 +592,20 @@ def _k_rstd_full(kb, rstd_k, tok0, i_h, i_hv, rows, valid, ss, H: tl.constexpr, 
 @triton.jit
 def _kda_gram_normed(qb, kb, gcb, rstd_k, tok0, i_h, i_hv, rows, valid, n_valid, H: tl.constexpr,
                      HV: tl.constexpr, K: tl.constexpr, BK: tl.constexpr, BT: tl.constexpr, BC: tl.constexpr,
-                     X_IS_K: tl.constexpr, FUSE_K: tl.constexpr, DOT_BF16: tl.constexpr, PREC: tl.constexpr):
+                     X_IS_K: tl.constexpr, FUSE_K: tl.constexpr, DOT_BF16: tl.constexpr, PREC: tl.constexpr,
+                     UNBOUNDED: tl.constexpr):
     """_kda_grams' (d, o) for x = k (X_IS_K) or q; FUSE_K: in k's normalized basis (rows too when
     x = k), k's rstd from the raw gram's diagonal, stored by the x = k program."""
     one = tl.full([BT], 1.0, dtype=tl.float32)
     d, od, ss = _kda_grams(qb, kb, gcb, rows, valid, n_valid, one, H, HV, K, BK, BT, BC, X_IS_K, not X_IS_K,
-                           False, FUSE_K, DOT_BF16, PREC)
+                           False, FUSE_K, DOT_BF16, PREC, UNBOUNDED)
     if FUSE_K:
         n, huge = _k_rstd_full(kb, rstd_k, tok0, i_h, i_hv, rows, valid, ss, H, HV, K, BK, X_IS_K, PREC)
         if huge:
             # rare: a k row of norm >= 2^19 may have overflowed its e^75 factor; redo the gram on
             # rows normalized on load
             d, od, ss = _kda_grams(qb, kb, gcb, rows, valid, n_valid, n, H, HV, K, BK, BT, BC, X_IS_K, not X_IS_K,
-                                   True, False, DOT_BF16, PREC)
+                                   True, False, DOT_BF16, PREC, UNBOUNDED)
         else:
             d = d * n[None, :]
             od = od * n[None, :]
@@ -570,6 +621,7 @@ def kda_intra_kernel(
     H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, BK: tl.constexpr,
     BT: tl.constexpr, BC: tl.constexpr,
     IS_VARLEN: tl.constexpr, FUSE_K: tl.constexpr, DOT_BF16: tl.constexpr, PREC: tl.constexpr,
+    UNBOUNDED: tl.constexpr,
 ):
     """Grid (chunks, B*HV, 2), after kda_cumsum_kernel.  KDA's intra-chunk step; program 0 of the last
     axis: A = (I + L)^-1 with L = strict-lower(beta * gated K K^T) and, with FUSE_K, rstd_k (k's norm
@@ -596,7 +648,7 @@ def kda_intra_kernel(
     same = (rows // BC)[:, None] == (rows // BC)[None, :]
     if which == 0:
         d, od = _kda_gram_normed(qb, kb, gcb, rstd_k, tok0, i_h, i_hv, rows, valid, n_valid, H, HV, K, BK, BT, BC,
-                                 True, FUSE_K, DOT_BF16, PREC)
+                                 True, FUSE_K, DOT_BF16, PREC, UNBOUNDED)
         b = tl.load(beta + (tok0 + rows) * HV + i_hv, mask=valid, other=0.0).to(tl.float32)
         # where() after the product: entries outside the causal part may be inf or NaN, never selected
         L = tl.where(causal & ~(rows[:, None] == rows[None, :]) & valid[:, None],
@@ -610,7 +662,7 @@ def kda_intra_kernel(
                      x00, x10, x11, x20, x21, x22, x30, x31, x32, x33, HV * BT, o, BC)
     else:
         d, od = _kda_gram_normed(qb, kb, gcb, rstd_k, tok0, i_h, i_hv, rows, valid, n_valid, H, HV, K, BK, BT, BC,
-                                 False, FUSE_K, DOT_BF16, PREC)
+                                 False, FUSE_K, DOT_BF16, PREC, UNBOUNDED)
         # the causal part (diagonal included), zeros above
         aqk = tl.where(causal, tl.where(same, d, od), 0.0)
         tl.store(Aqk + (tok0 + rows[:, None]) * (HV * BT) + i_hv * BT + rows[None, :],

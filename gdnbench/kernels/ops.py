@@ -45,6 +45,7 @@ each output row by q's rstd once, at the end.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from dataclasses import dataclass
 
@@ -81,6 +82,7 @@ __all__ = [
     "chunk_aqk",
     "chunk_gdn",
     "chunk_kda",
+    "check_kda_gates",
     "chunk_output",
     "default_config",
     "gram_solve",
@@ -96,7 +98,7 @@ __all__ = [
 
 NORM_MODES = ("none", "flag", "fused_q", "fused_qk")
 FLAG_BLOCK = _FLAG_BLOCK.value  # flags per program of a fix-up launch
-KDA_MIN_LOWER_BOUND = -5.0  # the kernels' gate factors are sized for g >= -5 (kernels/intra.py)
+KDA_MIN_LOWER_BOUND = -5.0  # the bounded form's gate factors are sized for g >= -5 (kernels/intra.py)
 
 
 # ----------------------------------------------------------------------------- helpers
@@ -215,14 +217,18 @@ def gram_solve(k, g, beta, *, varlen=None, fuse_k=False, config: GDNConfig = DEF
     return g_cs, A, rstd_k, ssq_k
 
 
-def kda_intra(q, k, g, beta, *, varlen=None, fuse_k=False, raw_q=False, config: GDNConfig = DEFAULT_CONFIG):
+def kda_intra(q, k, g, beta, *, varlen=None, fuse_k=False, raw_q=False, unbounded=False,
+              config: GDNConfig = DEFAULT_CONFIG):
     """KDA stage 1: (g_cs [B,T,HV,K] fp32 = per-channel cumsum(g)*log2 e per chunk, A [B,T,HV,64]
     in k's dtype, Aqk [B,T,HV,64] (gated causal q k^T, unscaled), rstd_k [B,T,H] fp32 or None).
     Two kernels: kda_cumsum (g_cs), then kda_intra (both grams from g_cs, the solve); with bf16
     storage the grams' gated operands are rounded to bf16 for the dots (tf32 otherwise).
 
     ``raw_q``: q is not normalized (fused routes); with fp16 storage Aqk is then kept in fp32,
-    since raw-q grams can leave fp16's range (bf16 and fp32 have fp32's)."""
+    since raw-q grams can leave fp16's range (bf16 and fp32 have fp32's).
+
+    ``unbounded``: gates with no lower bound; the grams take the form whose gate factors never exceed 1
+    (kernels/intra.py, _kda_grams), else the bounded form (g >= -5)."""
     B, T, H, K = k.shape
     HV = beta.shape[2]
     n_grid, NT = _chunk_grid(B, T, varlen)
@@ -240,7 +246,7 @@ def kda_intra(q, k, g, beta, *, varlen=None, fuse_k=False, raw_q=False, config: 
             q, k, beta, g_cs, A, Aqk, rstd_k, *_varlen_args(varlen), T, NT,
             H=H, HV=HV, K=K, BK=block(cfg.BK, K), BT=CHUNK_SIZE, BC=SUB_CHUNK,
             IS_VARLEN=varlen is not None, FUSE_K=fuse_k, DOT_BF16=k.dtype == torch.bfloat16,
-            PREC=_precision(k.dtype))
+            PREC=_precision(k.dtype), UNBOUNDED=unbounded)
     return g_cs, A, Aqk, rstd_k
 
 
@@ -428,27 +434,53 @@ def chunk_gdn(q, k, v, g, beta, *, scale=None, initial_state=None, output_final_
 
 def chunk_kda(q, k, v, g, beta, *, scale=None, initial_state=None, output_final_state=False,
               cu_seqlens=None, norm="flag", lower_bound=None, config: GDNConfig | None = None,
-              chunk_indices: VarlenInfo | None = None):
+              chunk_indices: VarlenInfo | None = None, check_gates: bool = True):
     """Chunked Kimi Delta Attention forward.  Returns (o [B,T,HV,V] in v's dtype, final_state or None).
 
     As :func:`chunk_gdn` (shapes, GVA, varlen, ``norm``, ``config``) but g [B,T,HV,K] is a
     per-channel natural-log decay: S = diag(exp(g_t)) S; S += k_t (beta_t (v_t - S^T k_t))^T.
 
     ``lower_bound`` states the bounded-gate contract g in [lower_bound, 0) with lower_bound in
-    [-5, 0); None means the kernels' own bound, -5.  The intra-chunk gate factors rely on it
-    (at most 15 tokens of decay, e^75, in one factor; see kernels/intra.py): gates below -5
-    can overflow them.  The data is not checked (that would cost a device sync)."""
+    [-5, 0): the intra-chunk gate factors then take the fast form (at most 15 tokens of decay, e^75,
+    in one factor; see kernels/intra.py).  ``check_gates`` checks the data against it before launch
+    (one reduction and a device sync) and raises ValueError where a gate falls below it; pass False
+    only where the gates were checked already (a benchmark checks its inputs once, not per call).
+    None: gates of any magnitude (FLA's tests use -1000), computed with factors that never exceed 1;
+    the diagonal 16-blocks of the grams are then summed per entry, a slower intra-chunk stage."""
     if lower_bound is not None and not KDA_MIN_LOWER_BOUND <= lower_bound < 0:
         raise ValueError(f"lower_bound must be in [{KDA_MIN_LOWER_BOUND:g}, 0) (the bounded-gate contract "
                          f"g in [lower_bound, 0)), got {lower_bound!r}")
     _check_inputs(q, k, v, g, beta, initial_state, cu_seqlens, norm, per_channel=True)
+    if lower_bound is not None and check_gates:
+        check_kda_gates(g, lower_bound)
     with torch.no_grad():
-        config = config or default_config(q.shape[-1], v.shape[-1], q.element_size(), "kda")
+        if config is None:
+            config = default_config(q.shape[-1], v.shape[-1], q.element_size(), "kda")
+            if lower_bound is None:
+                config = _unbounded_default(config)
         return _forward(q, k, v, g, beta, scale, initial_state, output_final_state, cu_seqlens, norm,
-                        config, chunk_indices)
+                        config, chunk_indices, unbounded=lower_bound is None)
 
 
-def _forward(q, k, v, g, beta, scale, initial_state, output_final_state, cu_seqlens, norm, config, chunk_indices):
+def _unbounded_default(config: GDNConfig) -> GDNConfig:
+    """The default config with kda_intra at 4 warps for the unbounded form: at the bounded form's 2 warps
+    (BK 32) it spills on sm_90 (Triton 3.6, offline, K = V = 128 bf16: 255 registers and 600 B of stack
+    under flag, 760 B under fused_qk); at 4 warps 244 registers, no stack (flag).  Untimed."""
+    return dataclasses.replace(config, kda_intra=dataclasses.replace(config.kda_intra, num_warps=4))
+
+
+def check_kda_gates(g: torch.Tensor, lower_bound: float) -> None:
+    """Raise ValueError if a KDA gate lies below ``lower_bound`` (or is NaN): the bounded form of the
+    intra-chunk kernel would overflow there.  One reduction and a device sync."""
+    with torch.no_grad():
+        low = g.detach().amin().item() if g.numel() else 0.0
+    if not low >= lower_bound:
+        raise ValueError(f"KDA gates fall below lower_bound={lower_bound:g} (min g = {low:g}); pass "
+                         "lower_bound=None for gates without a bound")
+
+
+def _forward(q, k, v, g, beta, scale, initial_state, output_final_state, cu_seqlens, norm, config, chunk_indices,
+             unbounded=False):
     K, V = q.shape[-1], v.shape[-1]
     per_channel = g.dim() == 4
     validate(config, K, V, q.element_size(), "kda" if per_channel else "gdn")
@@ -468,7 +500,8 @@ def _forward(q, k, v, g, beta, scale, initial_state, output_final_state, cu_seql
     fuse_k, fuse_q = norm == "fused_qk", norm in ("fused_q", "fused_qk")
 
     if per_channel:
-        g_cs, A, aqk, rstd_k = kda_intra(q, k, g, beta, varlen=varlen, fuse_k=fuse_k, raw_q=fuse_q, config=config)
+        g_cs, A, aqk, rstd_k = kda_intra(q, k, g, beta, varlen=varlen, fuse_k=fuse_k, raw_q=fuse_q,
+                                         unbounded=unbounded, config=config)
         w, u, kg = recompute_wu(k, v, beta, A, g_cs, rstd_k=rstd_k, varlen=varlen, config=config)
         h, v_new, final_state = state_recurrence(kg, w, u, g_cs, initial_state=initial_state,
                                                  output_final_state=output_final_state, varlen=varlen,

@@ -28,6 +28,8 @@ h16_hv32_fixed8k, 75.7 -> 70.5 at h2_hv8_serving and 585.5 -> 571.7 at 32K, whil
 import triton
 import triton.language as tl
 
+from .common import loop_bound
+
 
 @triton.jit
 def _piece_load(ptr, o_k, o_v, K: tl.constexpr, V: tl.constexpr):
@@ -137,7 +139,7 @@ def state_kernel(
     b_h1, b_h2, b_h3, b_h4 = _initial_pieces(h0, i_nh, o_v, K, V, BV, PIECE, USE_H0)
 
     rows = tl.arange(0, BT)
-    for i_t in range(n_chunks):
+    for i_t in range(loop_bound(n_chunks)):
         # per-chunk base pointers (int64 scalars); element offsets below are int32 and chunk-local
         tok = bos + i_t * BT
         kb = k + tok * (H * K) + i_h * K

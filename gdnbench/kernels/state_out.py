@@ -33,7 +33,7 @@ leave fp16's range).  As in the output kernel, q h on raw q limits q rows to |q|
 import triton
 import triton.language as tl
 
-from .common import chunk_coords, diag_ssq, row_rstd
+from .common import chunk_coords, diag_ssq, loop_bound, row_rstd
 from .output import _qq_dot
 from .state import _add_kv, _initial_pieces, _sequence_span, _store_pieces, _w_times_h
 
@@ -123,7 +123,7 @@ def state_out_kernel(
     b_h1, b_h2, b_h3, b_h4 = _initial_pieces(h0, i_nh, o_v, K, V, BV, PIECE, USE_H0)
 
     rows = tl.arange(0, BT)
-    for i_t in range(n_chunks):
+    for i_t in range(loop_bound(n_chunks)):
         tok = bos + i_t * BT
         qb = q + tok * (H * K) + i_h * K
         kb = k + tok * (H * K) + i_h * K
