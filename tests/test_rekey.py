@@ -1,0 +1,65 @@
+"""The re-keying tool's decisions, with fake digest functions (no compile here)."""
+
+import pytest
+
+from gdnbench.autotune import rekey
+
+OLD, NEW = "sha256:old", "sha256:new"
+
+
+def entry(source_hash=OLD, triton="3.6.0"):
+    return {"kernel": "state", "route": "flag", "best": {"config": {"BV": 32}},
+            "key": {"source_hash": source_hash, "triton": triton, "variant": "plain",
+                    "shape_key": "kda_K128_V128_H96_HV96_bfloat16_fixed_T8192"}}
+
+
+def fixed(result):
+    return lambda e: result
+
+
+def never(e):
+    raise AssertionError("compiled an entry that needs no compile")
+
+
+def test_identical_code_moves_the_entry_to_the_new_hash():
+    e = entry()
+    [o] = rekey.rekey_entries([e], OLD, NEW, "3.6.0", fixed(["state_kernel:ab"]), fixed(["state_kernel:ab"]))
+    assert o.action == "rekeyed"
+    assert e["key"]["source_hash"] == NEW
+    assert e["rekeyed"]["from"] == OLD and "state_kernel:ab" in e["rekeyed"]["why"]
+
+
+def test_changed_code_leaves_the_entry_stale():
+    e = entry()
+    [o] = rekey.rekey_entries([e], OLD, NEW, "3.6.0", fixed(["state_kernel:ab"]), fixed(["state_kernel:cd"]))
+    assert (o.action, o.reason) == ("stale", "code changed: state_kernel:cd")
+    assert e["key"]["source_hash"] == OLD and "rekeyed" not in e
+
+
+def test_a_failed_compile_or_no_launch_leaves_the_entry_stale():
+    e = entry()
+    assert rekey.decide(e, OLD, NEW, "3.6.0", fixed("boom"), never).reason == "compile failed: boom"
+    assert rekey.decide(e, OLD, NEW, "3.6.0", fixed([]), fixed([])).action == "stale"
+    assert e["key"]["source_hash"] == OLD
+
+
+@pytest.mark.parametrize("e, why", [(entry(source_hash="sha256:older"), "stale before"),
+                                    (entry(source_hash=NEW), "current"),
+                                    (entry(triton="3.5.1"), "Triton 3.5.1")])
+def test_entries_not_on_the_old_hash_or_triton_are_skipped_without_compiling(e, why):
+    o = rekey.decide(e, OLD, NEW, "3.6.0", never, never)
+    assert o.action == "skipped" and why in o.reason
+
+
+def test_normalized_code_drops_line_info_but_keeps_instructions():
+    ptx = "\t.loc\t1 {} 5\n\tadd.s32 \t%r1, %r2, %r3;\n$L__tmp{}:\n\t.section\t.debug_info\n{{ {} }}"
+    sass = "\tFunction : k\n        /*0000*/                   IMAD R1, R2, R3 ;  /* 0x0 */\n"
+    a = rekey.normalized_code(ptx.format(10, 1, "x"), sass)
+    assert a == rekey.normalized_code(ptx.format(12, 4, "y"), sass)
+    assert a != rekey.normalized_code(ptx.format(10, 1, "x").replace("add", "sub"), sass)
+    assert a != rekey.normalized_code(ptx.format(10, 1, "x"), sass.replace("R3", "R4"))
+
+
+def test_an_old_tree_without_gdnbench_is_refused(tmp_path, capsys):
+    assert rekey.main(["--old", str(tmp_path)]) == 2
+    assert "--old" in capsys.readouterr().err
