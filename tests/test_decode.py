@@ -463,10 +463,11 @@ def test_cli_run_decode_on_cpu(tmp_path):
 
 
 def test_cli_decode_on_a_forward_set_gives_skipped_rows(tmp_path):
+    """Every row skipped: the rows are written, and the exit code (4) says nothing was measured."""
     out = tmp_path / "x.json"
     r = invoke("run", "--device", "cpu", "--mode", "decode", "-s", "smoke", "--shape-id", "kda_fixed", "-b",
                "reference", "--no-plot", "--out", str(out))
-    assert r.exit_code == 0, r.output
+    assert r.exit_code == 4 and "nothing measured" in r.output, r.output
     rows = json.loads(out.read_text())["rows"]
     assert {x["status"] for x in rows} == {"skipped"} and "not a decode shape" in rows[0]["reason"]
 
