@@ -254,7 +254,7 @@ def test_shard_is_disjoint_and_covering(n, world):
 @pytest.mark.parametrize("rank, world", [(2, 2), (-1, 2), (0, 0)])
 def test_shard_refuses_a_rank_outside_the_world(rank, world):
     with pytest.raises(ValueError, match=f"rank {rank} of world {world}"):
-        at.shard(5, rank, world)
+        at_plan.shard(5, rank, world)
 
 
 def test_sharded_evaluator_merges_in_batch_order():

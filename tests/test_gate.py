@@ -219,7 +219,7 @@ def test_crash_in_a_worker_keeps_other_rows():
 
 
 def test_cuda_fwd_gates_the_timed_call_at_full_length(monkeypatch):
-    from gdnbench import measure
+    from gdnbench.bench import measure
 
     s = SMOKE.get("gdn_fixed_b2")  # 2 x 100 tokens
     assert measure.gate_shape(s, "fwd", "cuda", 64) is s
