@@ -19,6 +19,7 @@ from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 
 from ..paths import PACKAGE_DIR, results_dir
+from .files import read_text
 
 SCHEMA_VERSION = 1
 ROW_STATUSES = ("ok", "skipped", "incorrect", "error")
@@ -216,17 +217,9 @@ def write_atomic(doc: dict, path: Path) -> Path:
 
 def read_json(path: str | Path, error: type[ValueError], what: str):
     """A JSON file's content; a missing or malformed file raises `error` with a one-line message."""
+    text = read_text(path, error, what, "JSON")
     try:
-        with open(path) as fh:
-            return json.load(fh)
-    except FileNotFoundError:
-        raise error(f"{path}: no such {what}") from None
-    except IsADirectoryError:
-        raise error(f"{path}: a directory, not a {what}") from None
-    except UnicodeDecodeError:
-        raise error(f"{path}: not a text (UTF-8 JSON) file") from None
-    except OSError as e:
-        raise error(f"{path}: cannot read ({e.strerror or type(e).__name__})") from None
+        return json.loads(text)
     except json.JSONDecodeError as e:
         raise error(f"{path}: not valid JSON ({e.msg} at line {e.lineno})") from None
 

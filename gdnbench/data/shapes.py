@@ -31,6 +31,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from ..paths import SHAPE_SETS_DIR
+from .files import read_text
 from ..vocab import DTYPES, FAMILIES  # noqa: F401
 
 SHAPES_DIR = SHAPE_SETS_DIR
@@ -291,17 +292,9 @@ def canonical_hash(name: str, version: int, shapes: tuple[Shape, ...]) -> str:
 
 def load_file(path: str | Path) -> ShapeSet:
     p = str(path)
+    text = read_text(p, ShapeError, "shape file", "TOML")
     try:
-        with open(path, "rb") as fh:
-            raw = tomllib.load(fh)
-    except FileNotFoundError:
-        raise ShapeError(f"{p}: no such shape file") from None
-    except IsADirectoryError:
-        raise ShapeError(f"{p}: a directory, not a shape file") from None
-    except UnicodeDecodeError:
-        raise ShapeError(f"{p}: not a text (UTF-8 TOML) file") from None
-    except OSError as e:
-        raise ShapeError(f"{p}: cannot read ({e.strerror or type(e).__name__})") from None
+        raw = tomllib.loads(text)
     except tomllib.TOMLDecodeError as e:
         raise ShapeError(f"{p}: not valid TOML: {one_line(e)}") from None
     for key in raw:
