@@ -67,14 +67,14 @@ def test_spaces_at_head_sizes_not_multiples_of_16(K, V):
     for family, kernels in (("gdn", ("gram", "wu", "state", "output", "output_fused", "aqk", "state_out")),
                             ("kda", ("kda_intra", "wu", "state", "output", "output_fused"))):
         for kernel in kernels:
-            space = at.build_space(kernel, K, V, "float16", family)
+            space = at_space.build_space(kernel, K, V, "float16", family)
             dims = dict(space.dims)
             top = {"BK": 1 << (K - 1).bit_length(), "BV": 1 << (V - 1).bit_length()}
             for b in ("BK", "BV"):
                 if b in dims:
                     assert max(dims[b]) == top[b], (kernel, b, dims[b])
             assert space.is_valid(space.start), (family, kernel, space.start)
-            assert at.count_valid(kernel, K, V, "float16", family) > 0
+            assert at_space.count_valid(kernel, K, V, "float16", family) > 0
 
 
 def test_kda_space_tunes_kda_intra_block_and_prunes_with_gate_tiles():
