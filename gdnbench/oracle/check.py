@@ -211,7 +211,7 @@ _WHAT = {"rel_rms": "rel-RMS error", "scale_err": "scale error |<out,ref>/<ref,r
          "row_err": "row error (worst row / RMS row norm)"}
 
 
-def _judge_one(name: str, label: str, out, ref, row_dims: int, limits: dict[str, float]) -> tuple[Errors | None, list[str]]:
+def _judge_one(label: str, out, ref, row_dims: int, limits: dict[str, float]) -> tuple[Errors | None, list[str]]:
     """One tensor's errors and what is wrong with them (empty: within every budget)."""
     if out.shape != ref.shape:
         return None, [f"{label} shape {tuple(out.shape)} != {tuple(ref.shape)}"]
@@ -234,11 +234,11 @@ def _figures(suffix: str, e: Errors | None, limits: dict[str, float], low: Error
 def judge(oracle: Oracle, o, state) -> Verdict:
     """The output and, when given, the final state: each statistic within its budget."""
     lim_o, lim_s = oracle.budgets("o"), oracle.budgets("state")
-    e_o, problems = _judge_one("o", "output", o, oracle.o, O_ROW_DIMS, lim_o)
+    e_o, problems = _judge_one("output", o, oracle.o, O_ROW_DIMS, lim_o)
     extra = _figures("o", e_o, lim_o, oracle.lowp_o)
     e_s = None
     if state is not None:
-        e_s, more = _judge_one("state", "final-state", state, oracle.state, STATE_ROW_DIMS, lim_s)
+        e_s, more = _judge_one("final-state", state, oracle.state, STATE_ROW_DIMS, lim_s)
         problems += more
         extra.update(_figures("state", e_s, lim_s, oracle.lowp_state))
         err_s = e_s.rel_rms if e_s else math.inf
