@@ -108,6 +108,8 @@ class FlaDispatchBackend(FlaBackend):
         return f"{text}: " + ("; ".join(taken) if taken else "no backend took the call (FLA Triton)")
 
     def _op(self, shape, inputs, flag):
+        for key, value in self.worker_env.items():  # in-process too: FLA's pin is a setdefault at first import
+            os.environ.setdefault(key, value)
         op, kw = super()._op(shape, inputs, flag)
         clear_dispatch_log()
         self._called.add(shape.id)
