@@ -263,3 +263,31 @@ def test_variant_says_what_runs(fake):
     assert "caller l2norm" in b.variant(gdn, "explicit") and "native GVA" in b.variant(gdn, "flag")
     assert "use_qk_l2norm_in_kernel=True" in b.variant(gdn, "flag")
     assert "recurrent_kda" in b.variant(KDA6["h96_fixed"], "flag")
+
+
+def test_variant_names_the_entry_point_the_first_call_ran(fake):
+    """0.7.x picks its kernel per call: the traced first call names it, later calls run untraced."""
+    gdn_mod = sys.modules["flashinfer.gdn_prefill"]
+    inner = gdn_mod.chunk_gated_delta_rule
+    hits = []
+
+    def cp_delta_rule_dsl_sm90(*a, **kw):
+        hits.append("cp")
+
+    gdn_mod.cp_delta_rule_dsl_sm90 = cp_delta_rule_dsl_sm90
+    gdn_mod.chunk_gated_delta_rule_sm90 = None  # an entry point that failed to import is skipped
+
+    def routed(**kw):  # like flashinfer: looks its kernel up in the module's globals at call time
+        gdn_mod.cp_delta_rule_dsl_sm90()
+        return inner(**kw)
+
+    gdn_mod.chunk_gated_delta_rule = routed
+    b = fi.FlashinferBackend()
+    shape = SMOKE["gdn_fixed_b2"]
+    assert "not yet called" in b.variant(shape, "flag")
+    call = b.prepare(shape, "flag", make_inputs(shape, "cpu"))
+    call()
+    assert b.variant(shape, "flag").endswith("ran cp_delta_rule_dsl_sm90")
+    assert gdn_mod.cp_delta_rule_dsl_sm90 is cp_delta_rule_dsl_sm90  # restored after the traced call
+    call()
+    assert hits == ["cp", "cp"]
