@@ -171,3 +171,21 @@ def test_kernel_names_lose_templates_and_signatures():
     assert kernel_name("gram_solve_kernel") == "gram_solve_kernel"
     assert kernel_name("") == "?"
     assert len(kernel_name("x" * 100)) == 60
+
+
+def test_bar_colors_one_hue_per_backend_and_shades_per_route():
+    """Twelve backend:routes of five backends: tab10 per column repeated two backends' colours."""
+    from gdnbench.analysis.plot import bar_colors
+
+    cols = [(b, r) for b in ("fla", "gdnbench", "flashinfer", "fla-dispatch", "flashqla")
+            for r in (("explicit", "flag", "fused_q", "fused_qk") if b == "gdnbench" else ("explicit", "flag"))]
+    colors = dict(zip(cols, bar_colors(cols)))
+    assert len(set(colors.values())) == len(cols)
+    firsts = [colors[(b, "explicit")] for b in dict.fromkeys(b for b, _ in cols)]
+    assert len(set(firsts)) == 5
+    assert sum(colors[("gdnbench", "fused_qk")]) > sum(colors[("gdnbench", "explicit")])  # later routes lighter
+
+
+def test_a_pair_given_twice_is_listed_once():
+    table = rep.geomean_table(doc(ROWS), ["gdnbench:best/fla:best", "fla:flag/fla:explicit", "gdnbench:best/fla:best"])
+    assert [r[0] for r in table.rows] == ["gdnbench:best/fla:best", "fla:flag/fla:explicit"]

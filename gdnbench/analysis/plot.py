@@ -27,11 +27,11 @@ def plot(doc: dict, out: str | Path, kind: str = "gpu", baseline: str | None = N
     fig, (ax_t, ax_r) = plt.subplots(2, 1, figsize=(max(8, 1.6 * len(shapes) + 3), 8.5), sharex=True,
                                      gridspec_kw={"height_ratios": [3, 2]})
     width = 0.8 / len(cols)
-    cmap = plt.get_cmap("tab10")
+    colors = bar_colors(cols)
     for j, (b, r) in enumerate(cols):
         xs = [i + (j - (len(cols) - 1) / 2) * width for i in range(len(shapes))]
         times = [median(idx.get((s, b, r)), kind) or 0.0 for s in shapes]
-        ax_t.bar(xs, times, width, label=f"{b}:{r}", color=cmap(j % 10))
+        ax_t.bar(xs, times, width, label=f"{b}:{r}", color=colors[j])
         if kind == "gpu":
             walls = [median(idx.get((s, b, r)), "wall") for s in shapes]
             wx = [x for x, w in zip(xs, walls) if w]
@@ -43,7 +43,7 @@ def plot(doc: dict, out: str | Path, kind: str = "gpu", baseline: str | None = N
                 t, _ = _side(idx, s, f"{b}:{r}", kind)
                 base, _ = _side(idx, s, baseline, kind)
                 ratios.append(t / base if t and base else 0.0)
-            ax_r.bar(xs, ratios, width, color=cmap(j % 10))
+            ax_r.bar(xs, ratios, width, color=colors[j])
     ax_t.set_ylabel(f"{kind} time per call, median (µs)")
     ss = doc["shape_set"]
     gpu = doc.get("env", {}).get("gpu", {}).get("name", "CPU")
@@ -58,6 +58,23 @@ def plot(doc: dict, out: str | Path, kind: str = "gpu", baseline: str | None = N
     ax_r.set_xticks(range(len(shapes)))
     ax_r.set_xticklabels(shapes, rotation=20, ha="right", fontsize=9)
     return save_figure(fig, out)
+
+
+def bar_colors(cols: list[tuple[str, str]]) -> list[tuple]:
+    """One hue per backend (tab10, in order of appearance), its routes in lighter shades of it: with
+    five backends and twelve backend:routes, tab10 per column repeated colours across backends."""
+    import matplotlib.pyplot as plt
+
+    cmap = plt.get_cmap("tab10")
+    backends = list(dict.fromkeys(b for b, _ in cols))
+    routes = {b: [r for bb, r in cols if bb == b] for b in backends}
+    out = []
+    for b, r in cols:
+        base = cmap(backends.index(b) % 10)
+        k, n = routes[b].index(r), len(routes[b])
+        mix = 0.55 * k / max(1, n - 1)  # 0 for a backend's first route, up to 0.55 towards white
+        out.append(tuple(c + (1 - c) * mix for c in base[:3]))
+    return out
 
 
 def save_figure(fig, out: str | Path) -> Path:

@@ -240,7 +240,7 @@ def check_table(doc: dict, mode: str = "fwd") -> Table:
 def geomean_table(doc: dict, pairs: list[str] | None = None, mode: str = "fwd") -> Table:
     rows, notes = [], []
     kinds = kinds_present(doc)
-    for pair in pairs or standard_pairs(doc):
+    for pair in dict.fromkeys(pairs or standard_pairs(doc)):  # a --pair that is also a standard pair: once
         gs = [geomean(doc, pair, k, mode) for k in kinds]
         rows.append([pair] + [g.text() for g in gs])
         for e in dict.fromkeys(e for g in gs for e in g.excluded):
