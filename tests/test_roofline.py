@@ -359,3 +359,18 @@ def test_measure_on_a_gpu():
     c = calibrate.measure(copy_bytes=2**28, matmul_n=2048, warmup=1, repeats=3)
     assert c["bandwidth_bytes_per_s"] > 1e11 and c["matmul_flops_per_s"] > 1e12
     assert c["gpu"]["name"] and c["versions"]["torch"] and len(c["copy"]["samples_us"]) == 3
+
+
+def test_calibration_beside_the_results_file_is_found_from_any_directory(tmp_path, monkeypatch):
+    """results/<gpu>/ holds the runs and their GPU's calibration: a report run from inside it (or from
+    anywhere) finds the sibling, and ignores a sibling of another GPU."""
+    calib = rf.make_calib(4.15e12, 774e12, gpu={"name": "NVIDIA H200"}, versions={}, date_utc="x")
+    gpu_dir = tmp_path / "results" / "nvidia-h200"
+    calibrate.save(calib, gpu_dir / "calibration.json")
+    run = gpu_dir / "run.json"
+    monkeypatch.chdir(gpu_dir)  # ./results does not exist here
+    assert calibrate.load_for_doc(_doc([])) is None
+    assert calibrate.load_for_doc(_doc([]), beside=run) == calib
+    other = dict(calib, gpu={"name": "NVIDIA B200"})
+    calibrate.save(other, tmp_path / "b200" / "calibration.json")
+    assert calibrate.load_for_doc(_doc([]), beside=tmp_path / "b200" / "run.json") is None

@@ -153,11 +153,21 @@ def load_for(gpu_name: str, directory: str | Path | None = None) -> dict | None:
     return load(path) if path.exists() else None
 
 
-def load_for_doc(doc: dict, directory: str | Path | None = None) -> dict | None:
-    """The saved calibration of the GPU a results document was measured on, or None."""
+def load_for_doc(doc: dict, directory: str | Path | None = None, beside: str | Path | None = None) -> dict | None:
+    """The saved calibration of the GPU a results document was measured on, or None: first the
+    calibration.json beside the document's file (``beside``: results/<gpu>/ holds both), when it is
+    for the same GPU, then the one under ``directory`` (default ./results)."""
     gpu = doc.get("env", {}).get("gpu") or {}
     name = gpu.get("name") if isinstance(gpu, dict) else None
-    return load_for(name, directory) if name else None
+    if not name:
+        return None
+    if beside is not None:
+        sibling = Path(beside).parent / CALIB_FILE
+        if sibling.exists():
+            calib = load(sibling)
+            if (calib.get("gpu") or {}).get("name") == name:
+                return calib
+    return load_for(name, directory)
 
 
 def summary(calib: dict) -> str:

@@ -241,7 +241,7 @@ def report(
         mode = choice("--mode", mode or rep.run_mode(doc), rep.MODES)
         pairs = rep.standard_pairs(rep.rows_of_mode(doc, mode)) + _check_pairs(doc, _split(pair)) if pair else None
         tables = rep.report_tables(doc, baseline, pairs, mode)
-        tables += _roofline_tables(doc, mode) if mode in ("fwd", "decode") else []
+        tables += _roofline_tables(doc, file, mode) if mode in ("fwd", "decode") else []
     emit(console, tables, fmt, to)
     if markdown:
         markdown.write_text(rep.to_markdown(tables))
@@ -277,18 +277,18 @@ def _check_pairs(doc: dict, pairs: list[str]) -> list[str]:
 def _calibration_for(doc: dict, file) -> dict:
     from ..analysis.calibrate import load_for_doc
 
-    calib = load_for_doc(doc)
+    calib = load_for_doc(doc, beside=file)
     if calib is None:
         raise UsageError(f"{file}: no calibration for its GPU; run `gdnbench calibrate` there first")
     return calib
 
 
-def _roofline_tables(doc: dict, mode: str = "fwd") -> list:
+def _roofline_tables(doc: dict, file, mode: str = "fwd") -> list:
     """The distance of each row to its roofline floor, when the run's GPU has a calibration."""
     from ..analysis import calibrate
     from ..analysis.roofline import roofline_table
 
-    calib = calibrate.load_for_doc(doc)
+    calib = calibrate.load_for_doc(doc, beside=file)
     if calib is None:
         gpu = (doc.get("env", {}).get("gpu") or {}).get("name")
         if not gpu:
