@@ -19,6 +19,7 @@ import os
 
 import triton
 import triton.language as tl
+from triton.language.target_info import cuda_capability_geq
 
 # kernels run under TRITON_INTERPRET=1 (read when this module is imported, as Triton reads it)
 INTERPRETING = tl.constexpr(os.environ.get("TRITON_INTERPRET", "0") == "1")
@@ -69,6 +70,20 @@ def loop_bound(n):
 
 
 @triton.jit
+def vec_max(x):
+    """The largest element of a 1-D tensor, as a scalar.  On sm_100 and up, Triton 3.6's
+    TritonNvidiaGPUOptimizeTMemLayoutsPass fails ("parent layout must have at least rank >= 2") on a
+    rank-1 reduce to a scalar anywhere downstream of a tensor-memory load (a tcgen05 dot's
+    accumulator, its row sums): its forward walk from the load gives that reduce a slice of a slice
+    layout.  There the reduce takes no axis, so Triton flattens first with a reshape that may
+    reorder, where that walk stops.  sm_90 keeps the plain reduce: the reshape there costs a
+    shared-memory round trip and two more barriers (PTX of a probe kernel), so its code is unchanged."""
+    if cuda_capability_geq(10):
+        return tl.max(x)
+    return tl.max(x, 0)
+
+
+@triton.jit
 def sq_sums(xf):
     """Row sums of squares of an fp32 tile: (sum(x^2), sum((x * 2^-70)^2))."""
     xl = xf * SSQ_LO
@@ -107,7 +122,7 @@ def row_rstd(xb, rows, m_t, ssq, K: tl.constexpr, stride, BK: tl.constexpr):
     sums of squares; the pre-scaled sums are computed, by re-reading x, only when some row's
     plain sum reached SSQ_BIG (inf included): a rare path."""
     lo = tl.zeros_like(ssq)
-    if tl.max(ssq, 0) >= SSQ_BIG:
+    if vec_max(ssq) >= SSQ_BIG:
         _, lo = row_sq_sums(xb, rows, m_t, K, stride, BK, False, True)
     return l2_rstd(ssq, lo)
 

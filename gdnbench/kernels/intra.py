@@ -20,7 +20,8 @@ state update's key operand.
 import triton
 import triton.language as tl
 
-from .common import FLAG_BLOCK, L2_EPS, LOG2E, SSQ_BIG, chunk_coords, diag_ssq, l2_rstd, row_rstd, row_sq_sums
+from .common import (FLAG_BLOCK, L2_EPS, LOG2E, SSQ_BIG, chunk_coords, diag_ssq, l2_rstd, row_rstd, row_sq_sums,
+                     vec_max)
 
 # KDA, fused_qk: above this sum of squares a raw k row times its e^75 gate factor may overflow fp32
 RAW_K_SSQ_MAX = tl.constexpr(2.0**38)
@@ -586,7 +587,7 @@ def _k_rstd_full(kb, rstd_k, tok0, i_h, i_hv, rows, valid, ss, H: tl.constexpr, 
     if STORE:
         if i_hv % (HV // H) == 0:
             tl.store(rstd_k + (tok0 + rows) * H + i_h, n, mask=valid)
-    return n, tl.max(ssq, 0) >= RAW_K_SSQ_MAX
+    return n, vec_max(ssq) >= RAW_K_SSQ_MAX
 
 
 @triton.jit

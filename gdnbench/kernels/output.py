@@ -30,7 +30,7 @@ No k is read: k's norm is already inside Aqk and h.
 import triton
 import triton.language as tl
 
-from .common import FLAG_BLOCK, chunk_coords, diag_ssq, row_rstd
+from .common import FLAG_BLOCK, chunk_coords, diag_ssq, row_rstd, vec_max
 
 # FUSE_K: a program whose |q|max |k|max reaches this runs again in the fix-up launch (k normalized on load)
 RAW_QK_MAX = tl.constexpr(2.0**120)
@@ -152,7 +152,7 @@ def _output(q, k, v_new, h, g_cs, rstd_k, ssq_k, aqk, o, risky, scale, tok0, n_v
                 # |q k^T| <= |q| |k|: flag this program for the fix-up launch where that bound
                 # reaches 2^120 (fp16: where |k| alone may take q_norm k^T out of fp16's range)
                 ssq_km = tl.load(ssq_k + i_g * H + i_h)
-                flag = tl.sqrt(tl.max(ssq, 0)) * tl.sqrt(ssq_km) >= RAW_QK_MAX
+                flag = tl.sqrt(vec_max(ssq)) * tl.sqrt(ssq_km) >= RAW_QK_MAX
                 if q.dtype.element_ty == tl.float16:
                     flag = flag | (ssq_km >= RAW_K_SSQ_MAX_FP16)
                 pid = (tl.program_id(2) * tl.num_programs(1) + tl.program_id(1)) * tl.num_programs(0) + i_v

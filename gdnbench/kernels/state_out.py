@@ -33,7 +33,7 @@ leave fp16's range).  As in the output kernel, q h on raw q limits q rows to |q|
 import triton
 import triton.language as tl
 
-from .common import chunk_coords, diag_ssq, loop_bound, row_rstd
+from .common import chunk_coords, diag_ssq, loop_bound, row_rstd, vec_max
 from .output import _qq_dot
 from .state import _add_kv, _initial_pieces, _sequence_span, _store_pieces, _w_times_h
 
@@ -89,7 +89,7 @@ def aqk_kernel(q, k, g_cs, aqk, c_q, cu_seqlens, chunk_indices, T, NT,
         tl.store(p_cq, c, mask=m_t)
         tl.store(p_cq + 1, c + tl.log2(r), mask=m_t)
         overflowed = tl.where(tl.abs(b_s) < float("inf"), 0, 1)  # inf or NaN (NaN compares false)
-        if tl.max(tl.max(overflowed, 1), 0) == 0:
+        if vec_max(tl.max(overflowed, 1)) == 0:
             b_s = b_s * r[:, None]
         else:
             b_s = _qk_dots(qb, kb, rows, m_t, r, K, H * K, BT, BK, True, False, PREC)[0]
