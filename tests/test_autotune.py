@@ -526,23 +526,19 @@ def test_config_label_default_on_cpu():
 
 
 class _ScriptClient(at_worker.WorkerClient):
-    """A WorkerClient whose worker is a tiny script: hello, then it dies on the second request."""
+    """A WorkerClient whose worker is a tiny script: ready, then it dies on the second request."""
 
     SCRIPT = ("import sys, json, os\n"
-              "print(json.dumps({'hello': True, 'env': {'gpu': 'fake'}}), flush=True)\n"
+              "print(json.dumps({'_end': {'ready': True, 'env': {'gpu': 'fake'}}}), flush=True)\n"
               "for n, line in enumerate(sys.stdin):\n"
               "    if n == 1:\n"
               "        sys.stderr.write('an illegal memory access was encountered\\n'); sys.stderr.flush(); os._exit(17)\n"
-              "    print(json.dumps({'status': 'ok', 'reason': '', 'time_us': 1.0}), flush=True)\n")
+              "    print(json.dumps({'_end': {'status': 'ok', 'reason': '', 'time_us': 1.0}}), flush=True)\n")
 
-    def _start(self):
-        import subprocess
+    def command(self):
         import sys
 
-        self._buf = b""
-        self.proc = subprocess.Popen([sys.executable, "-c", self.SCRIPT], stdin=subprocess.PIPE,
-                                     stdout=subprocess.PIPE, stderr=self._err, bufsize=0)
-        self.env = self._read(30)["env"]
+        return [sys.executable, "-c", self.SCRIPT]
 
 
 def test_crashing_worker_costs_one_candidate_and_restarts():

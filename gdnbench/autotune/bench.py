@@ -13,13 +13,13 @@ input (stage inputs precomputed with the default config), median over rounds. Ev
 from __future__ import annotations
 
 import json
-import os
 import statistics
 import sys
 import time
 import traceback
 
 from ..backends.base import one_line
+from ..bench.protocol import serve
 from ..kernels import tuned
 from .space import dtype_bytes, full_config, Point
 
@@ -249,27 +249,20 @@ def device_identity(device: str) -> dict:
 
 
 def worker_main(spec_json: str) -> int:
-    """Child process: answer one JSON line per candidate request read from stdin.
-
-    The protocol uses the original stdout; everything printed otherwise goes to stderr."""
-    proto = os.fdopen(os.dup(1), "w", buffering=1)
-    os.dup2(2, 1)
+    """Child process (gdnbench.bench.protocol): set up the shape's bench, then answer one result per
+    candidate request; a result with ``context_lost`` (the CUDA context is poisoned) ends it."""
     spec = json.loads(spec_json)
-    try:
-        bench = _Bench(spec)
-        proto.write(json.dumps({"hello": True, "env": device_identity(spec["device"])}) + "\n")
-    except Exception as e:
-        traceback.print_exc()
-        proto.write(json.dumps({"hello": False, "reason": one_line(e)}) + "\n")
-        return 1
-    for line in sys.stdin:
-        req = json.loads(line)
-        run = bench.warm if req.get("warm") else bench.evaluate
-        res = run(req["kernel"], req["route"], req["point"])
-        proto.write(json.dumps(res, default=str) + "\n")
-        if res.get("context_lost"):
-            return 3  # the CUDA context is poisoned: the parent starts a fresh worker
-    return 0
+    bench: list[_Bench] = []
+
+    def start() -> dict:
+        bench.append(_Bench(spec))
+        return {"env": device_identity(spec["device"])}
+
+    def answer(req: dict, send) -> dict:
+        run = bench[0].warm if req.get("warm") else bench[0].evaluate
+        return run(req["kernel"], req["route"], req["point"])
+
+    return serve(answer, start)
 
 
 if __name__ == "__main__":
