@@ -20,13 +20,12 @@ import traceback
 
 from ..backends.base import one_line
 from ..bench.protocol import serve
-from ..kernels import tuned
+from ..kernels.cache_key import KERNEL_FUNCTIONS, device_identity
 from .space import dtype_bytes, full_config, Point
 
 
-KERNEL_FUNCTIONS = {"l2norm": "l2norm_kernel", "gram": "gram_solve_kernel", "kda_intra": "kda_intra_kernel",
-                    "wu": "wu_kernel", "state": "state_kernel", "output": "output_kernel",
-                    "output_fused": "output_kernel", "aqk": "aqk_kernel", "state_out": "state_out_kernel"}
+# the jit function whose registers and spills a candidate records: its kernel's main one
+MAIN_FUNCTION = {kernel: names[-1] for kernel, (_, names) in KERNEL_FUNCTIONS.items()}
 
 
 class _Bench:
@@ -187,7 +186,7 @@ class _Bench:
                 o, s = self.forward(self.small, route, cfg)
                 self._sync()
                 res["first_call_s"] = round(time.monotonic() - t0, 3)
-                self._registers(res, seen.get(KERNEL_FUNCTIONS[kernel]))
+                self._registers(res, seen.get(MAIN_FUNCTION[kernel]))
                 stage = "gate"
                 v = judge(self.oracle, o, s)
                 res.update(err_o=v.err_o, err_state=v.err_state, budget_o=v.budget_o, budget_state=v.budget_state,
@@ -198,7 +197,7 @@ class _Bench:
                     return res
                 stage = "timing"
                 res["time_us"], res["timing_method"] = self.time_us(self.stage_call(kernel, route, cfg))
-                self._registers(res, seen.get(KERNEL_FUNCTIONS[kernel]))
+                self._registers(res, seen.get(MAIN_FUNCTION[kernel]))
                 res["status"] = "ok"
         except Exception as e:  # a failing candidate is data
             res["status"] = "compile_error" if stage == "compile" and _is_compile_error(e) else "error"
@@ -237,15 +236,6 @@ class _Bench:
 def _is_compile_error(e: BaseException) -> bool:
     names = {"CompilationError", "CompileTimeAssertionFailure", "OutOfResources", "PTXASError"}
     return type(e).__name__ in names or type(e).__module__.startswith("triton.compiler")
-
-
-def device_identity(device: str) -> dict:
-    import triton
-
-    if device != "cuda":
-        return {"gpu": "cpu", "compute_capability": None, "triton": triton.__version__}
-    env = tuned.device_env(0)
-    return dict(env) if env else {"gpu": "unknown", "compute_capability": None, "triton": triton.__version__}
 
 
 def worker_main(spec_json: str) -> int:

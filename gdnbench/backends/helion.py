@@ -63,7 +63,9 @@ KERNEL_SOURCE = Path(__file__).resolve().parent.parent / "kernels" / "helion.py"
 
 def source_hash() -> str:
     """sha256 of gdnbench/kernels/helion.py: a tuned config is valid only for the kernel text it was tuned on."""
-    return "sha256:" + hashlib.sha256(KERNEL_SOURCE.read_bytes()).hexdigest()
+    from ..kernels.cache_key import file_hash
+
+    return file_hash(KERNEL_SOURCE)
 
 
 # ----------------------------------------------------------------------------- environment probes
@@ -76,10 +78,9 @@ def _cuda_available() -> bool:
 
 def _device_identity() -> dict:
     """GPU name and compute capability of device 0 (the tuning key's machine part)."""
-    import torch
+    from ..kernels.cache_key import device_env
 
-    p = torch.cuda.get_device_properties(0)
-    return {"gpu": p.name, "compute_capability": f"{p.major}.{p.minor}"}
+    return device_env(0)
 
 
 def _import_helion():
@@ -121,16 +122,17 @@ def _caller_l2norm(x):
 
 # ----------------------------------------------------------------------------- the tuned-config cache
 def cache_key(identity: dict, kernel: str, variant: str, shape, effort_name: str) -> dict:
-    """Everything a tuned config depends on (module docstring)."""
+    """The tuning cache key (gdnbench.kernels.cache_key: machine with this Triton, this kernel file's
+    hash, shape key, variant) and what Helion's configs also depend on: the helion and torch versions,
+    the kernel and the effort."""
     import torch
     import triton
 
-    from ..kernels.tuned import shape_key
+    from ..kernels.cache_key import CacheKey, Machine, shape_key
 
-    return {"gpu": identity["gpu"], "compute_capability": identity["compute_capability"],
-            "helion": dist_version(DIST), "torch": torch.__version__, "triton": triton.__version__,
-            "source_hash": source_hash(), "kernel": kernel, "variant": variant,
-            "shape_key": shape_key(shape), "effort": effort_name}
+    machine = Machine(identity["gpu"], identity["compute_capability"], triton.__version__)
+    key = CacheKey(machine, source_hash(), shape_key(shape), variant).as_dict()
+    return {**key, "helion": dist_version(DIST), "torch": torch.__version__, "kernel": kernel, "effort": effort_name}
 
 
 def cache_paths(cache_dir: Path, key: dict) -> tuple[Path, Path]:
