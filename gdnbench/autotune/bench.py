@@ -60,10 +60,11 @@ class _Bench:
         self._default_o: dict[str, object] = {}
         self._stage: dict[str, dict] = {}
 
-    def forward(self, inputs, route: str, cfg):
+    def forward(self, inputs, route: str, cfg, on_launch=None):
         """The whole chunk_gdn / chunk_kda forward of a route, as the gdnbench backend runs it."""
         ops, x = self.ops, inputs
-        kw = dict(scale=x.scale, initial_state=x.initial_state, output_final_state=True, config=cfg)
+        kw = dict(scale=x.scale, initial_state=x.initial_state, output_final_state=True, config=cfg,
+                  on_launch=on_launch)
         op = ops.chunk_gdn
         if self.kda:
             op = ops.chunk_kda
@@ -71,7 +72,8 @@ class _Bench:
         if x.cu_seqlens is not None:
             kw.update(cu_seqlens=x.cu_seqlens, chunk_indices=self.info[id(x)])
         if route == "explicit":
-            return op(ops.l2norm(x.q, cfg.l2norm), ops.l2norm(x.k, cfg.l2norm), x.v, x.g, x.beta, norm="none", **kw)
+            q, k = (ops.l2norm(t, cfg.l2norm, on_launch) for t in (x.q, x.k))
+            return op(q, k, x.v, x.g, x.beta, norm="none", **kw)
         return op(x.q, x.k, x.v, x.g, x.beta, norm=route, **kw)
 
     def default_output(self, route: str):
@@ -109,34 +111,31 @@ class _Bench:
                                   out_k=out_k, out_rk=out_rk, out_ssq=out_ssq, a1=a1, cq=cq)
         return self._stage[route]
 
-    def stage_call(self, kernel: str, route: str, cfg):
+    def stage_call(self, kernel: str, route: str, cfg, on_launch=None):
         """A zero-argument call of the one stage kernel under ``cfg`` (what is timed)."""
         ops, x, st = self.ops, self.full, self.stage_inputs(route)
-        info = st["info"]
+        run = dict(varlen=st["info"], config=cfg, on_launch=on_launch)  # every stage's
         if kernel == "l2norm":
-            return lambda: ops.l2norm(x.k, cfg.l2norm)
+            return lambda: ops.l2norm(x.k, cfg.l2norm, on_launch)
         if kernel == "gram":
-            return lambda: ops.gram_solve(st["k"], x.g, x.beta, varlen=info, fuse_k=st["fuse_k"], config=cfg)
+            return lambda: ops.gram_solve(st["k"], x.g, x.beta, fuse_k=st["fuse_k"], **run)
         if kernel == "kda_intra":
-            return lambda: ops.kda_intra(st["q"], st["k"], x.g, x.beta, varlen=info, fuse_k=st["fuse_k"],
-                                         raw_q=st["fuse_q"], config=cfg)
+            return lambda: ops.kda_intra(st["q"], st["k"], x.g, x.beta, fuse_k=st["fuse_k"], raw_q=st["fuse_q"],
+                                         **run)
         if kernel == "wu":
-            return lambda: ops.recompute_wu(st["k"], x.v, x.beta, st["A"], st["g_cs"], rstd_k=st["rk"],
-                                            varlen=info, config=cfg)
+            return lambda: ops.recompute_wu(st["k"], x.v, x.beta, st["A"], st["g_cs"], rstd_k=st["rk"], **run)
         if kernel == "state":
             return lambda: ops.state_recurrence(st["state_k"], st["w"], st["u"], st["g_cs"],
-                                                initial_state=st["h0"], output_final_state=True, varlen=info,
-                                                config=cfg)
+                                                initial_state=st["h0"], output_final_state=True, **run)
         if kernel == "aqk":
             return lambda: ops.chunk_aqk(st["q"], st["k"], st["g_cs"], fuse_q=st["fuse_q"], fuse_k=st["fuse_k"],
-                                         varlen=info, config=cfg)
+                                         **run)
         if kernel == "state_out":
             return lambda: ops.state_output(st["q"], st["k"], st["w"], st["u"], st["g_cs"], st["a1"], st["cq"],
-                                            scale=x.scale, initial_state=st["h0"], output_final_state=True,
-                                            varlen=info, config=cfg)
+                                            scale=x.scale, initial_state=st["h0"], output_final_state=True, **run)
         return lambda: ops.chunk_output(st["q"], st["out_k"], st["vn"], st["h"], st["g_cs"], scale=x.scale,
-                                        rstd_k=st["out_rk"], ssq_k=st["out_ssq"], fuse_q=st["fuse_q"], varlen=info,
-                                        config=cfg, aqk=st["aqk"])
+                                        rstd_k=st["out_rk"], ssq_k=st["out_ssq"], fuse_q=st["fuse_q"], aqk=st["aqk"],
+                                        **run)
 
     def time_us(self, fn) -> tuple[float, str]:
         """Median µs per call: CUDA-graph replays on the GPU (events where capture fails)."""
@@ -174,16 +173,18 @@ class _Bench:
 
         torch = self.torch
         res: dict = {"status": "error", "reason": "", "time_us": None}
-        seen: dict = {}
-        hook = lambda k, ck: seen.__setitem__(getattr(getattr(k, "fn", k), "__name__", ""), ck)  # noqa: E731
-        self.ops.LAUNCH_HOOKS.append(hook)
+        seen: dict = {}  # jit function name -> its compiled kernel, from this candidate's launches
+
+        def on_launch(kernel, compiled):
+            seen[getattr(getattr(kernel, "fn", kernel), "__name__", "")] = compiled
+
         t0 = time.monotonic()
         stage = "compile"
         try:
             with torch.no_grad():
                 cfg = full_config(kernel, point, self.base)
                 ref = self.default_output(route)
-                o, s = self.forward(self.small, route, cfg)
+                o, s = self.forward(self.small, route, cfg, on_launch)
                 self._sync()
                 res["first_call_s"] = round(time.monotonic() - t0, 3)
                 self._registers(res, seen.get(MAIN_FUNCTION[kernel]))
@@ -196,7 +197,7 @@ class _Bench:
                     res.update(status="incorrect", reason=v.reason)
                     return res
                 stage = "timing"
-                res["time_us"], res["timing_method"] = self.time_us(self.stage_call(kernel, route, cfg))
+                res["time_us"], res["timing_method"] = self.time_us(self.stage_call(kernel, route, cfg, on_launch))
                 self._registers(res, seen.get(MAIN_FUNCTION[kernel]))
                 res["status"] = "ok"
         except Exception as e:  # a failing candidate is data
@@ -207,7 +208,6 @@ class _Bench:
             if not self._context_ok():
                 res["context_lost"] = True
         finally:
-            self.ops.LAUNCH_HOOKS.remove(hook)
             res["seconds"] = round(time.monotonic() - t0, 3)
         return res
 

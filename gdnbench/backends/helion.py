@@ -7,7 +7,8 @@
 caller's l2norm, gdnbench.kernels.ops.l2norm, then the Helion pipeline), `flag` (Helion l2norm inside),
 `fused_q`. GDN and KDA (bounded gate, lower_bound >= -5).
 
-Configs (`gdnbench run --helion-effort none|quick|full`, passed to the workers as GDNBENCH_HELION_EFFORT):
+Configs (`gdnbench run --helion-effort none|quick|full`, BackendOptions.helion_effort, handed to each worker
+with its task):
 `none` runs Helion's default config of each kernel, no tuning; `quick` / `full` take a cached config
 from <cache>/tuned/<gpu>/helion/ (the user cache, gdnbench.paths; Config.save / Config.load; an entry
 per kernel, route variant and shape key, keyed by GPU name, compute capability, helion / torch / triton
@@ -52,7 +53,6 @@ from ..data.results import dist_version, slug, write_atomic
 from .base import YES, Backend, Support, no, one_line
 
 DIST = "helion"
-EFFORT_ENV = "GDNBENCH_HELION_EFFORT"
 EXAMPLES_ENV = "GDNBENCH_HELION_EXAMPLES"
 EFFORTS = ("none", "quick", "full")
 ENGINE = Path("examples") / "linear" / "linear_attention_engine.py"
@@ -105,11 +105,11 @@ def helion_support() -> Support:
     return YES
 
 
-def effort() -> str:
-    """The autotune effort asked for (GDNBENCH_HELION_EFFORT, set by `gdnbench run --helion-effort`)."""
-    e = os.environ.get(EFFORT_ENV, "none").strip().lower() or "none"
+def effort_of(name: str | None) -> str:
+    """A Helion autotune effort by name (any case; empty: none)."""
+    e = (name or "none").strip().lower() or "none"
     if e not in EFFORTS:
-        raise ValueError(f"{EFFORT_ENV}={e!r}: use one of {', '.join(EFFORTS)}")
+        raise ValueError(f"helion effort {e!r}: use one of {', '.join(EFFORTS)}")
     return e
 
 
@@ -174,9 +174,10 @@ class HelionBackend(Backend):
     no_backward = "has no backward (our Helion GDN kernels are a forward-only pipeline, no autograd)"
     no_decode = "has no decode kernel (our Helion kernels are a chunked forward)"
 
-    def __init__(self, cache_dir: Path | None = None):
+    def __init__(self, cache_dir: Path | None = None, effort: str = "none"):
         from ..kernels.tuned import read_dirs, write_dir
 
+        self.effort = effort_of(effort)  # `gdnbench run --helion-effort`
         self.cache_dir = write_dir(cache_dir)  # where new configs go; read_dirs: where they are looked up
         self.read_dirs = read_dirs(cache_dir)
         self._resolved: dict = {}  # (shape id, route) -> {kernel: helion.Config}: the full shape's configs
@@ -218,7 +219,7 @@ class HelionBackend(Backend):
 
     def _plan(self, shape, route: str):
         """(mode, effort, {kernel: cached Config}) for the full shape: StageRunner's arguments."""
-        eff = effort()
+        eff = self.effort
         if eff == "none":
             return "default", eff, {}
         ident = _device_identity()
@@ -236,10 +237,9 @@ class HelionBackend(Backend):
         return "tune", eff, cached
 
     def config_label(self, shape, route, device):
+        if self.effort == "none":
+            return "default (Helion's default config of each kernel, no tuning)"
         try:
-            eff = effort()
-            if eff == "none":
-                return "default (Helion's default config of each kernel, no tuning)"
             mode, eff, cached = self._plan(shape, route)
         except Exception as e:  # a label must not fail a row; prepare reports the real error
             return f"unknown ({one_line(e)})"
@@ -276,7 +276,7 @@ class HelionBackend(Backend):
                   else "gate cumsum + gram + solve, w/u")
         return (f"helion {self.version()}: Helion stages [{shape.family} state recurrence, {out}"
                 f"{', l2norm' if route != 'explicit' else ''}], Triton stages [{triton}] "
-                f"(gdnbench.kernels.ops, default configs); {how}; effort {os.environ.get(EFFORT_ENV, 'none')}")
+                f"(gdnbench.kernels.ops, default configs); {how}; effort {self.effort}")
 
     def prepare(self, shape, route, inputs):
         from ..kernels import helion as helion_gdn

@@ -14,6 +14,7 @@ from dataclasses import asdict
 from typing import Callable
 
 from .. import backends as registry
+from ..backends.base import BackendOptions
 from ..data.shapes import Shape, ShapeSet, load_file
 from ..data.journal import Stopped
 from .measure import base_row, measure_shape
@@ -71,13 +72,14 @@ def _summary_line(tail: str, rc: int) -> str:
 
 def run_shape_isolated(ss: ShapeSet, shape: Shape, backend_names: list[str], routes: list[str], mode: str,
                        device: str, check_tokens: int, params: TimingParams, on_row, timeout_s: float,
-                       worker: Worker | None = None, env: dict | None = None) -> tuple[list[dict], bool]:
+                       worker: Worker | None = None, env: dict | None = None,
+                       options: BackendOptions = BackendOptions()) -> tuple[list[dict], bool]:
     """A shape's rows, measured in ``worker`` (a fresh one when None), and whether that worker lives on.
 
     If it dies, the rows it wrote are kept, each backend with missing rows is run again alone in a
     fresh worker, and what is still missing becomes an `error` row with the tail of its output."""
     task = {"shape_set": ss.path, "shape_id": shape.id, "backends": backend_names, "routes": routes, "mode": mode,
-            "device": device, "check_tokens": check_tokens, "params": asdict(params)}
+            "device": device, "check_tokens": check_tokens, "params": asdict(params), "options": asdict(options)}
     if worker is None:
         rows, rc, tail = _run_child(task, timeout_s, on_row, device, env)
     else:
@@ -118,10 +120,10 @@ def run_set(ss: ShapeSet, backend_names: list[str], routes: list[str], mode: str
             check_tokens: int = 8192, params: TimingParams = TimingParams(), shape_ids: list[str] | None = None,
             isolate: bool = True, on_row: Callable[[dict], None] = lambda r: None,
             on_shape: Callable[[Shape], None] = lambda s: None, timeout_s: float = DEFAULT_WORKER_TIMEOUT_S,
-            backend_objects: list | None = None) -> list[dict]:
+            backend_objects: list | None = None, options: BackendOptions = BackendOptions()) -> list[dict]:
     """All rows of a set. `backend_objects` (in-process only) lets tests pass fake backends. Isolated,
     one worker per worker environment (`env_groups`) measures shape after shape; a worker that dies is
-    replaced for the next shape."""
+    replaced for the next shape. ``options`` build the backends, in each worker too (its tasks carry them)."""
     shapes = [ss.get(i) for i in shape_ids] if shape_ids else list(ss.shapes)
     rows: list[dict] = []
     workers: dict[tuple, Worker] = {}
@@ -133,12 +135,12 @@ def run_set(ss: ShapeSet, backend_names: list[str], routes: list[str], mode: str
                     key = tuple(sorted(env.items()))
                     worker = workers.get(key) or workers.setdefault(key, Worker(device, env))
                     got, alive = run_shape_isolated(ss, shape, specs, routes, mode, device, check_tokens, params,
-                                                    on_row, timeout_s, worker, env)
+                                                    on_row, timeout_s, worker, env, options)
                     rows += got
                     if not alive:
                         workers.pop(key).close()
                 continue
-            objs = backend_objects or [registry.get(n) for n in backend_names]
+            objs = backend_objects or [registry.get(n, options) for n in backend_names]
 
             def emit(row, _rows=rows):
                 _rows.append(row)
@@ -154,14 +156,15 @@ def run_set(ss: ShapeSet, backend_names: list[str], routes: list[str], mode: str
 def _serve() -> int:
     """The worker: a task per request until stdin closes, each row streamed back as it is measured."""
     sets: dict[str, ShapeSet] = {}
-    objs: dict[str, object] = {}
+    objs: dict[tuple, object] = {}
 
     def answer(task: dict, send) -> dict:
         if task["shape_set"] not in sets:
             sets[task["shape_set"]] = load_file(task["shape_set"])
+        options = BackendOptions(**task["options"])
         for n in task["backends"]:
-            objs[n] = objs.get(n) or registry.get(n)
-        backends = [objs[n] for n in task["backends"]]
+            objs[n, options] = objs.get((n, options)) or registry.get(n, options)
+        backends = [objs[n, options] for n in task["backends"]]
         measure_shape(sets[task["shape_set"]].get(task["shape_id"]), backends, task["routes"], task["mode"],
                       task["device"], task["check_tokens"], TimingParams(**task["params"]), send)
         return {"shape_id": task["shape_id"]}
