@@ -106,4 +106,3 @@ def test_jit_path_when_turned_off(monkeypatch):
         assert len(k.jit_calls) == 2 and not L._COMPILED
     finally:
         L._direct_launch_api.cache_clear()
-
