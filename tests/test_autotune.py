@@ -16,7 +16,7 @@ from typer.testing import CliRunner
 from gdnbench.autotune import bench as at_bench, dist as at_dist, plan as at_plan, report as at_report, search as at_search, space as at_space, tune as at
 from gdnbench.bench import worker as at_worker
 from gdnbench.data import shapes as shp
-from gdnbench.kernels import tuned
+from gdnbench.kernels import cache_key, tuned
 
 
 def _shape(**kw):
@@ -186,7 +186,7 @@ def test_seed_points_come_from_current_entries_of_the_same_kernel_and_family(tmp
     task = at_plan.Task("gram", "fuse_k", "fused_qk", "gdn")
 
     def save(shape, variant, cfg, source=None, family_kernel="gram"):
-        key = tuned.entry_key(env, family_kernel, shape, variant)
+        key = cache_key.entry_key(env, family_kernel, shape, variant)
         if source:
             key["source_hash"] = source
         tuned.save_entry(tmp_path, {"key": key, "kernel": family_kernel, "best": {"config": cfg, "time_us": 1.0}})
@@ -310,7 +310,7 @@ ENV = {"gpu": "NVIDIA H200", "compute_capability": "9.0", "triton": "3.6.0"}
 def _entry(shape, kernel="state", variant="plain", best=None, **key):
     best = best or {"BV": 64, "num_warps": 4, "num_stages": 3, "maxnreg": 128}
     default = {"BV": 32, "num_warps": 4, "num_stages": 3, "maxnreg": None}
-    return {"key": {**tuned.entry_key(ENV, kernel, shape, variant), **key}, "kernel": kernel, "variant": variant,
+    return {"key": {**cache_key.entry_key(ENV, kernel, shape, variant), **key}, "kernel": kernel, "variant": variant,
             "route": "flag", "default": {"config": default, "time_us": 160.0},
             "best": {"config": best, "time_us": 120.0}, "search": {"evaluated": 30, "failed": 2},
             "candidates": [{"config": {**default, "maxnreg": r}, "status": "ok", "time_us": 150.0 - r / 10}
@@ -318,11 +318,11 @@ def _entry(shape, kernel="state", variant="plain", best=None, **key):
 
 
 def test_shape_key_and_bucket():
-    assert tuned.token_bucket(8192) == 8192 and tuned.token_bucket(8193) == 16384 and tuned.token_bucket(3) == 64
-    k = tuned.shape_key(_shape())
+    assert cache_key.token_bucket(8192) == 8192 and cache_key.token_bucket(8193) == 16384 and cache_key.token_bucket(3) == 64
+    k = cache_key.shape_key(_shape())
     assert k == "gdn_K128_V128_H16_HV32_bfloat16_fixed_T8192"
-    assert tuned.shape_key(_shape(lens=(1300, 547, 2048))) == "gdn_K128_V128_H16_HV32_bfloat16_varlen_T4096"
-    assert tuned.shape_key(_kda_shape()) == "kda_K128_V128_H16_HV32_bfloat16_fixed_T8192"
+    assert cache_key.shape_key(_shape(lens=(1300, 547, 2048))) == "gdn_K128_V128_H16_HV32_bfloat16_varlen_T4096"
+    assert cache_key.shape_key(_kda_shape()) == "kda_K128_V128_H16_HV32_bfloat16_fixed_T8192"
     assert tuned.source_hash("state").startswith("sha256:") and tuned.source_hash("state") != tuned.source_hash("gram")
     assert tuned.variant_of("gram", "fused_qk") == "fuse_k" and tuned.variant_of("output", "flag") == "plain"
 
@@ -332,13 +332,12 @@ def test_source_hash_follows_each_kernels_own_code(tmp_path, monkeypatch):
     import shutil
 
     def hashes(kernel_dir):
-        monkeypatch.setattr(tuned, "KERNEL_DIR", kernel_dir)
-        tuned._module_defs.cache_clear()
-        tuned.source_hash.cache_clear()
-        return {k: tuned.source_hash(k) for k in tuned.KERNEL_FUNCTIONS}
+        monkeypatch.setattr(cache_key, "KERNEL_DIR", kernel_dir)
+        cache_key.clear_caches()
+        return {k: cache_key.source_hash(k) for k in cache_key.KERNEL_FUNCTIONS}
 
     kdir = tmp_path / "kernels"
-    shutil.copytree(tuned.KERNEL_DIR, kdir)
+    shutil.copytree(cache_key.KERNEL_DIR, kdir)
     try:
         before = hashes(kdir)
         assert before["output"] == before["output_fused"] and len(set(before.values())) == len(before) - 1
@@ -353,8 +352,7 @@ def test_source_hash_follows_each_kernels_own_code(tmp_path, monkeypatch):
         # via row_rstd / l2_rstd
         assert changed == {"l2norm", "gram", "kda_intra", "output", "output_fused", "aqk"}
     finally:  # the caches must not keep the copy's hashes for later tests
-        tuned._module_defs.cache_clear()
-        tuned.source_hash.cache_clear()
+        cache_key.clear_caches()
 
 
 def test_tuned_config_uses_matching_entry(tmp_path):
@@ -526,23 +524,19 @@ def test_config_label_default_on_cpu():
 
 
 class _ScriptClient(at_worker.WorkerClient):
-    """A WorkerClient whose worker is a tiny script: hello, then it dies on the second request."""
+    """A WorkerClient whose worker is a tiny script: ready, then it dies on the second request."""
 
     SCRIPT = ("import sys, json, os\n"
-              "print(json.dumps({'hello': True, 'env': {'gpu': 'fake'}}), flush=True)\n"
+              "print(json.dumps({'_end': {'ready': True, 'env': {'gpu': 'fake'}}}), flush=True)\n"
               "for n, line in enumerate(sys.stdin):\n"
               "    if n == 1:\n"
               "        sys.stderr.write('an illegal memory access was encountered\\n'); sys.stderr.flush(); os._exit(17)\n"
-              "    print(json.dumps({'status': 'ok', 'reason': '', 'time_us': 1.0}), flush=True)\n")
+              "    print(json.dumps({'_end': {'status': 'ok', 'reason': '', 'time_us': 1.0}}), flush=True)\n")
 
-    def _start(self):
-        import subprocess
+    def command(self):
         import sys
 
-        self._buf = b""
-        self.proc = subprocess.Popen([sys.executable, "-c", self.SCRIPT], stdin=subprocess.PIPE,
-                                     stdout=subprocess.PIPE, stderr=self._err, bufsize=0)
-        self.env = self._read(30)["env"]
+        return [sys.executable, "-c", self.SCRIPT]
 
 
 def test_crashing_worker_costs_one_candidate_and_restarts():
@@ -619,7 +613,7 @@ def test_autotune_cli_tunes_kda_on_the_cpu(tmp_path):
     kda = shp.load("smoke").get("kda_fixed")
     for kernel, variant in (("kda_intra", "fuse_k"), ("state", "plain")):
         [e] = tuned.load_entries(tuned.cache_path(tmp_path, "cpu", kernel))
-        assert e["key"]["shape_key"] == tuned.shape_key(kda) and e["variant"] == variant
+        assert e["key"]["shape_key"] == cache_key.shape_key(kda) and e["variant"] == variant
         assert e["default"]["time_us"] > 0 and e["candidates"][0]["status"] == "ok"
         assert e["gate"].startswith("whole chunk_kda forward")
 
@@ -731,7 +725,7 @@ def test_autotune_cli_skips_cached_searches_and_prints_the_summary(tmp_path):
     shape = _smoke_pairs("gdn_fixed_b2")[0][1]
     for kernel in ("state", "output"):
         e = _entry(shape, kernel=kernel)
-        e["key"] = tuned.entry_key(env, kernel, shape, "plain")
+        e["key"] = cache_key.entry_key(env, kernel, shape, "plain")
         tuned.save_entry(tmp_path, e)
     r = CliRunner().invoke(_app(), ["autotune", *SMOKE_ARGS, "--cache-dir", str(tmp_path)], env=_cli_env())
     assert r.exit_code == 0, r.output

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
 import sys
 import textwrap
 
@@ -16,7 +17,7 @@ import pytest
 import torch
 
 from gdnbench.data import shapes
-from gdnbench.backends import get
+from gdnbench.backends import BackendOptions, get
 from gdnbench.backends import helion as hb
 from gdnbench.oracle.check import build_oracle, judge
 from gdnbench.data.inputs import make_inputs
@@ -86,9 +87,8 @@ def test_supports_reasons():
     assert b.supports(dataclasses.replace(odd, K=96, V=192), "flag", "fwd", "cuda")
 
 
-def test_variant_says_what_runs_in_helion(monkeypatch):
-    monkeypatch.setenv(hb.EFFORT_ENV, "quick")
-    b = get("helion")
+def test_variant_says_what_runs_in_helion():
+    b = get("helion", BackendOptions(helion_effort="quick"))
     v = b.variant(GDN_QWEN["h16_hv32_fixed8k"], "fused_q")
     assert "Helion stages [gdn state recurrence, output with fused q-norm, l2norm]" in v
     assert "Triton stages [gate cumsum + gram + solve, w/u]" in v and "effort quick" in v
@@ -98,14 +98,12 @@ def test_variant_says_what_runs_in_helion(monkeypatch):
 
 
 # ----------------------------------------------------------------------------- effort and cache
-def test_effort_env(monkeypatch):
-    monkeypatch.delenv(hb.EFFORT_ENV, raising=False)
-    assert hb.effort() == "none"
-    monkeypatch.setenv(hb.EFFORT_ENV, "FULL")
-    assert hb.effort() == "full"
-    monkeypatch.setenv(hb.EFFORT_ENV, "max")
+def test_effort_is_a_backend_option():
+    assert hb.HelionBackend().effort == "none"
+    assert get("helion", BackendOptions(helion_effort="FULL")).effort == "full"
     with pytest.raises(ValueError, match="none, quick, full"):
-        hb.effort()
+        hb.HelionBackend(effort="max")
+    assert get("helion-linear", BackendOptions(helion_examples="/x")).examples_dir == "/x"
 
 
 def test_cli_effort_option(monkeypatch, tmp_path):
@@ -113,17 +111,15 @@ def test_cli_effort_option(monkeypatch, tmp_path):
 
     from gdnbench.cli.app import app
 
-    monkeypatch.delenv(hb.EFFORT_ENV, raising=False)
+    monkeypatch.delenv(hb.EXAMPLES_ENV, raising=False)
     r = CliRunner().invoke(app, ["run", "--device", "cpu", "--helion-effort", "max", "--out", str(tmp_path / "x.json")])
     assert r.exit_code == 2 and "--helion-effort 'max'" in r.output
-    seen = {}
-    monkeypatch.setattr("gdnbench.cli.app._run", lambda *a: seen.update(effort=hb.effort(),
-                                                                      examples=hb.os.environ.get(hb.EXAMPLES_ENV)))
+    seen = []
+    monkeypatch.setattr("gdnbench.cli.app._run", lambda *a: seen.append(a[-1]))
     r = CliRunner().invoke(app, ["run", "--helion-effort", "quick", "--helion-examples", str(tmp_path)])
     assert r.exit_code == 0, r.output
-    assert seen == {"effort": "quick", "examples": str(tmp_path.resolve())}
-    monkeypatch.delenv(hb.EFFORT_ENV)
-    monkeypatch.delenv(hb.EXAMPLES_ENV)
+    assert seen == [BackendOptions("quick", str(tmp_path.resolve()))]
+    assert hb.EXAMPLES_ENV not in os.environ and "GDNBENCH_HELION_EFFORT" not in os.environ  # passed, not set
 
 
 class FakeConfig(dict):
@@ -141,10 +137,8 @@ def test_cache_keys_paths_and_labels(monkeypatch, tmp_path):
     monkeypatch.setattr(hb, "_import_helion", lambda: type("H", (), {"Config": FakeConfig}))
     monkeypatch.setattr(hb, "_device_identity", lambda: {"gpu": "NVIDIA H200", "compute_capability": "9.0"})
     shape = GDN_QWEN["h16_hv32_fixed8k"]
-    b = hb.HelionBackend(cache_dir=tmp_path)
-    monkeypatch.setenv(hb.EFFORT_ENV, "none")
-    assert b.config_label(shape, "flag", "cuda").startswith("default")
-    monkeypatch.setenv(hb.EFFORT_ENV, "quick")
+    assert hb.HelionBackend(cache_dir=tmp_path).config_label(shape, "flag", "cuda").startswith("default")
+    b = hb.HelionBackend(cache_dir=tmp_path, effort="quick")
     assert b.config_label(shape, "flag", "cuda") == "tuned now (effort quick): l2norm, state, output"
 
     ident = hb._device_identity()

@@ -199,7 +199,6 @@ def test_runner_configs(cpu_shims, monkeypatch):
 @pytest.mark.parametrize("route", ["explicit", "flag", "fused_q"])
 def test_backend_passes_the_gate(cpu_shims, monkeypatch, tmp_path, sid, route):
     monkeypatch.setattr(hb, "_cuda_available", lambda: True)
-    monkeypatch.delenv(hb.EFFORT_ENV, raising=False)
     shape = SMOKE[sid]
     if shape.dtype != "float32":  # fp16 dots under the interpreter: keep the test to fp32 storage
         shape = dataclasses.replace(shape, dtype="float32")
@@ -221,7 +220,6 @@ def test_backend_tunes_once_then_reads_the_cache(cpu_shims, monkeypatch, tmp_pat
 
     monkeypatch.setattr(hb, "_cuda_available", lambda: True)
     monkeypatch.setattr(hb, "_device_identity", lambda: {"gpu": "NVIDIA H200", "compute_capability": "9.0"})
-    monkeypatch.setenv(hb.EFFORT_ENV, "quick")
     calls = []
 
     def fake_autotune(self, args, force=True, **kw):
@@ -232,7 +230,7 @@ def test_backend_tunes_once_then_reads_the_cache(cpu_shims, monkeypatch, tmp_pat
 
     monkeypatch.setattr(BoundKernel, "autotune", fake_autotune)
     shape = dataclasses.replace(SMOKE["gdn_fixed_b2"], lens=(65,))
-    b = hb.HelionBackend(cache_dir=tmp_path)
+    b = hb.HelionBackend(cache_dir=tmp_path, effort="quick")
     assert b.config_label(shape, "fused_q", "cuda") == "tuned now (effort quick): l2norm, state, output"
     inp = make_inputs(shape)
     out = b.prepare(shape, "fused_q", inp)()
@@ -240,7 +238,7 @@ def test_backend_tunes_once_then_reads_the_cache(cpu_shims, monkeypatch, tmp_pat
     assert sorted(calls) == ["_l2norm_body", "_output_body", "_state_body"]
     saved = sorted(p.name for p in (tmp_path / "nvidia-h200" / "helion").glob("*.json") if ".key." not in p.name)
     assert len(saved) == 3 and any(n.startswith("output-fused_q-") for n in saved)
-    later = hb.HelionBackend(cache_dir=tmp_path)
+    later = hb.HelionBackend(cache_dir=tmp_path, effort="quick")
     assert later.config_label(shape, "fused_q", "cuda") == "tuned (cached, effort quick): l2norm, state, output"
     mode, _, cfgs = later._plan(shape, "fused_q")
     assert mode == "cached" and set(cfgs) == {"l2norm", "state", "output"}

@@ -14,7 +14,7 @@ import pytest
 from gdnbench import paths
 from gdnbench.data import results
 from gdnbench.data import shapes as shp
-from gdnbench.kernels import tuned
+from gdnbench.kernels import cache_key, tuned
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -73,7 +73,7 @@ def test_user_cache_is_read_before_the_shipped_winners(tmp_path, monkeypatch):
     assert tuned.read_dirs(user) == [user]
     shape = shp.load("smoke").shapes[0]
     env = {"gpu": "Fake GPU", "compute_capability": "9.0", "triton": "3.6.0"}
-    key = tuned.entry_key(env, "state", shape, "plain")
+    key = cache_key.entry_key(env, "state", shape, "plain")
     tuned.save_entry(shipped, {"key": key, "kernel": "state", "best": {"config": {"BV": 32}, "time_us": 1.0}})
     assert tuned.find_entry([user, shipped], env, "state", shape, "plain")["best"]["config"] == {"BV": 32}
     tuned.save_entry(user, {"key": key, "kernel": "state", "best": {"config": {"BV": 64}, "time_us": 0.5}})

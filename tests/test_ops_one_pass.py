@@ -148,3 +148,25 @@ def test_forcing_it_where_it_is_not_built():
         ops.validate(GDNConfig(one_pass=True), 128, 128, family="kda")
     with pytest.raises(ValueError, match="one_pass='yes'"):
         ops.validate(GDNConfig(one_pass="yes"), 128, 128)
+
+
+def test_the_callers_on_launch_sees_each_main_launch_of_a_forward():
+    """The autotuner reads a candidate's registers through ``on_launch``: every stage's main launch
+    reaches it, a fix-up launch (fused_qk) does not, and a call without it runs as before."""
+    torch.manual_seed(0)
+    T, H, K, V = 64, 1, 16, 16
+    q, k, v = torch.randn(1, T, H, K), torch.randn(1, T, H, K), torch.randn(1, T, H, V)
+    g, beta = -torch.rand(1, T, H), torch.rand(1, T, H)
+    cfg = dataclasses.replace(ops.default_config(K, V, 4), one_pass=False)
+    seen = []
+
+    def on_launch(kernel, compiled):
+        seen.append(getattr(getattr(kernel, "fn", kernel), "__name__", ""))
+
+    o, _ = ops.chunk_gdn(q, k, v, g, beta, norm="fused_qk", config=cfg, on_launch=on_launch)
+    assert seen == ["gram_solve_kernel", "wu_kernel", "state_kernel", "output_kernel"]
+    seen.clear()
+    ops.chunk_gdn(q, k, v, g, beta, norm="flag", config=dataclasses.replace(cfg, one_pass=True), on_launch=on_launch)
+    assert seen == ["l2norm_kernel", "l2norm_kernel", "gram_solve_kernel", "wu_kernel", "aqk_kernel",
+                    "state_out_kernel"]
+    assert torch.equal(ops.chunk_gdn(q, k, v, g, beta, norm="fused_qk", config=cfg)[0], o)

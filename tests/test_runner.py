@@ -15,7 +15,7 @@ def _count_workers(monkeypatch):
 
     def counting(self, device, env=None):
         init(self, device, env)
-        started.append(self.proc.pid)
+        started.append(self.child.proc.pid)
 
     monkeypatch.setattr(runner.Worker, "__init__", counting)
     return started

@@ -13,20 +13,19 @@ input (stage inputs precomputed with the default config), median over rounds. Ev
 from __future__ import annotations
 
 import json
-import os
 import statistics
 import sys
 import time
 import traceback
 
 from ..backends.base import one_line
-from ..kernels import tuned
+from ..bench.protocol import serve
+from ..kernels.cache_key import KERNEL_FUNCTIONS, device_identity
 from .space import dtype_bytes, full_config, Point
 
 
-KERNEL_FUNCTIONS = {"l2norm": "l2norm_kernel", "gram": "gram_solve_kernel", "kda_intra": "kda_intra_kernel",
-                    "wu": "wu_kernel", "state": "state_kernel", "output": "output_kernel",
-                    "output_fused": "output_kernel", "aqk": "aqk_kernel", "state_out": "state_out_kernel"}
+# the jit function whose registers and spills a candidate records: its kernel's main one
+MAIN_FUNCTION = {kernel: names[-1] for kernel, (_, names) in KERNEL_FUNCTIONS.items()}
 
 
 class _Bench:
@@ -61,10 +60,11 @@ class _Bench:
         self._default_o: dict[str, object] = {}
         self._stage: dict[str, dict] = {}
 
-    def forward(self, inputs, route: str, cfg):
+    def forward(self, inputs, route: str, cfg, on_launch=None):
         """The whole chunk_gdn / chunk_kda forward of a route, as the gdnbench backend runs it."""
         ops, x = self.ops, inputs
-        kw = dict(scale=x.scale, initial_state=x.initial_state, output_final_state=True, config=cfg)
+        kw = dict(scale=x.scale, initial_state=x.initial_state, output_final_state=True, config=cfg,
+                  on_launch=on_launch)
         op = ops.chunk_gdn
         if self.kda:
             op = ops.chunk_kda
@@ -72,7 +72,8 @@ class _Bench:
         if x.cu_seqlens is not None:
             kw.update(cu_seqlens=x.cu_seqlens, chunk_indices=self.info[id(x)])
         if route == "explicit":
-            return op(ops.l2norm(x.q, cfg.l2norm), ops.l2norm(x.k, cfg.l2norm), x.v, x.g, x.beta, norm="none", **kw)
+            q, k = (ops.l2norm(t, cfg.l2norm, on_launch) for t in (x.q, x.k))
+            return op(q, k, x.v, x.g, x.beta, norm="none", **kw)
         return op(x.q, x.k, x.v, x.g, x.beta, norm=route, **kw)
 
     def default_output(self, route: str):
@@ -110,34 +111,31 @@ class _Bench:
                                   out_k=out_k, out_rk=out_rk, out_ssq=out_ssq, a1=a1, cq=cq)
         return self._stage[route]
 
-    def stage_call(self, kernel: str, route: str, cfg):
+    def stage_call(self, kernel: str, route: str, cfg, on_launch=None):
         """A zero-argument call of the one stage kernel under ``cfg`` (what is timed)."""
         ops, x, st = self.ops, self.full, self.stage_inputs(route)
-        info = st["info"]
+        run = dict(varlen=st["info"], config=cfg, on_launch=on_launch)  # every stage's
         if kernel == "l2norm":
-            return lambda: ops.l2norm(x.k, cfg.l2norm)
+            return lambda: ops.l2norm(x.k, cfg.l2norm, on_launch)
         if kernel == "gram":
-            return lambda: ops.gram_solve(st["k"], x.g, x.beta, varlen=info, fuse_k=st["fuse_k"], config=cfg)
+            return lambda: ops.gram_solve(st["k"], x.g, x.beta, fuse_k=st["fuse_k"], **run)
         if kernel == "kda_intra":
-            return lambda: ops.kda_intra(st["q"], st["k"], x.g, x.beta, varlen=info, fuse_k=st["fuse_k"],
-                                         raw_q=st["fuse_q"], config=cfg)
+            return lambda: ops.kda_intra(st["q"], st["k"], x.g, x.beta, fuse_k=st["fuse_k"], raw_q=st["fuse_q"],
+                                         **run)
         if kernel == "wu":
-            return lambda: ops.recompute_wu(st["k"], x.v, x.beta, st["A"], st["g_cs"], rstd_k=st["rk"],
-                                            varlen=info, config=cfg)
+            return lambda: ops.recompute_wu(st["k"], x.v, x.beta, st["A"], st["g_cs"], rstd_k=st["rk"], **run)
         if kernel == "state":
             return lambda: ops.state_recurrence(st["state_k"], st["w"], st["u"], st["g_cs"],
-                                                initial_state=st["h0"], output_final_state=True, varlen=info,
-                                                config=cfg)
+                                                initial_state=st["h0"], output_final_state=True, **run)
         if kernel == "aqk":
             return lambda: ops.chunk_aqk(st["q"], st["k"], st["g_cs"], fuse_q=st["fuse_q"], fuse_k=st["fuse_k"],
-                                         varlen=info, config=cfg)
+                                         **run)
         if kernel == "state_out":
             return lambda: ops.state_output(st["q"], st["k"], st["w"], st["u"], st["g_cs"], st["a1"], st["cq"],
-                                            scale=x.scale, initial_state=st["h0"], output_final_state=True,
-                                            varlen=info, config=cfg)
+                                            scale=x.scale, initial_state=st["h0"], output_final_state=True, **run)
         return lambda: ops.chunk_output(st["q"], st["out_k"], st["vn"], st["h"], st["g_cs"], scale=x.scale,
-                                        rstd_k=st["out_rk"], ssq_k=st["out_ssq"], fuse_q=st["fuse_q"], varlen=info,
-                                        config=cfg, aqk=st["aqk"])
+                                        rstd_k=st["out_rk"], ssq_k=st["out_ssq"], fuse_q=st["fuse_q"], aqk=st["aqk"],
+                                        **run)
 
     def time_us(self, fn) -> tuple[float, str]:
         """Median µs per call: CUDA-graph replays on the GPU (events where capture fails)."""
@@ -175,19 +173,21 @@ class _Bench:
 
         torch = self.torch
         res: dict = {"status": "error", "reason": "", "time_us": None}
-        seen: dict = {}
-        hook = lambda k, ck: seen.__setitem__(getattr(getattr(k, "fn", k), "__name__", ""), ck)  # noqa: E731
-        self.ops.LAUNCH_HOOKS.append(hook)
+        seen: dict = {}  # jit function name -> its compiled kernel, from this candidate's launches
+
+        def on_launch(kernel, compiled):
+            seen[getattr(getattr(kernel, "fn", kernel), "__name__", "")] = compiled
+
         t0 = time.monotonic()
         stage = "compile"
         try:
             with torch.no_grad():
                 cfg = full_config(kernel, point, self.base)
                 ref = self.default_output(route)
-                o, s = self.forward(self.small, route, cfg)
+                o, s = self.forward(self.small, route, cfg, on_launch)
                 self._sync()
                 res["first_call_s"] = round(time.monotonic() - t0, 3)
-                self._registers(res, seen.get(KERNEL_FUNCTIONS[kernel]))
+                self._registers(res, seen.get(MAIN_FUNCTION[kernel]))
                 stage = "gate"
                 v = judge(self.oracle, o, s)
                 res.update(err_o=v.err_o, err_state=v.err_state, budget_o=v.budget_o, budget_state=v.budget_state,
@@ -197,8 +197,8 @@ class _Bench:
                     res.update(status="incorrect", reason=v.reason)
                     return res
                 stage = "timing"
-                res["time_us"], res["timing_method"] = self.time_us(self.stage_call(kernel, route, cfg))
-                self._registers(res, seen.get(KERNEL_FUNCTIONS[kernel]))
+                res["time_us"], res["timing_method"] = self.time_us(self.stage_call(kernel, route, cfg, on_launch))
+                self._registers(res, seen.get(MAIN_FUNCTION[kernel]))
                 res["status"] = "ok"
         except Exception as e:  # a failing candidate is data
             res["status"] = "compile_error" if stage == "compile" and _is_compile_error(e) else "error"
@@ -208,7 +208,6 @@ class _Bench:
             if not self._context_ok():
                 res["context_lost"] = True
         finally:
-            self.ops.LAUNCH_HOOKS.remove(hook)
             res["seconds"] = round(time.monotonic() - t0, 3)
         return res
 
@@ -239,37 +238,21 @@ def _is_compile_error(e: BaseException) -> bool:
     return type(e).__name__ in names or type(e).__module__.startswith("triton.compiler")
 
 
-def device_identity(device: str) -> dict:
-    import triton
-
-    if device != "cuda":
-        return {"gpu": "cpu", "compute_capability": None, "triton": triton.__version__}
-    env = tuned.device_env(0)
-    return dict(env) if env else {"gpu": "unknown", "compute_capability": None, "triton": triton.__version__}
-
-
 def worker_main(spec_json: str) -> int:
-    """Child process: answer one JSON line per candidate request read from stdin.
-
-    The protocol uses the original stdout; everything printed otherwise goes to stderr."""
-    proto = os.fdopen(os.dup(1), "w", buffering=1)
-    os.dup2(2, 1)
+    """Child process (gdnbench.bench.protocol): set up the shape's bench, then answer one result per
+    candidate request; a result with ``context_lost`` (the CUDA context is poisoned) ends it."""
     spec = json.loads(spec_json)
-    try:
-        bench = _Bench(spec)
-        proto.write(json.dumps({"hello": True, "env": device_identity(spec["device"])}) + "\n")
-    except Exception as e:
-        traceback.print_exc()
-        proto.write(json.dumps({"hello": False, "reason": one_line(e)}) + "\n")
-        return 1
-    for line in sys.stdin:
-        req = json.loads(line)
-        run = bench.warm if req.get("warm") else bench.evaluate
-        res = run(req["kernel"], req["route"], req["point"])
-        proto.write(json.dumps(res, default=str) + "\n")
-        if res.get("context_lost"):
-            return 3  # the CUDA context is poisoned: the parent starts a fresh worker
-    return 0
+    bench: list[_Bench] = []
+
+    def start() -> dict:
+        bench.append(_Bench(spec))
+        return {"env": device_identity(spec["device"])}
+
+    def answer(req: dict, send) -> dict:
+        run = bench[0].warm if req.get("warm") else bench[0].evaluate
+        return run(req["kernel"], req["route"], req["point"])
+
+    return serve(answer, start)
 
 
 if __name__ == "__main__":

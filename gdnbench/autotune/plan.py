@@ -22,6 +22,7 @@ from typing import Callable
 
 from ..backends.base import one_line
 from ..kernels import tuned
+from ..kernels.cache_key import CacheKey, shape_key, source_hash
 from .space import Point
 
 
@@ -81,7 +82,7 @@ def unique_shapes(shapes: list) -> list:
     """One shape per shape key (the first), since the cache holds one entry per key."""
     seen, out = set(), []
     for s in shapes:
-        k = tuned.shape_key(s)
+        k = shape_key(s)
         if k not in seen:
             seen.add(k)
             out.append(s)
@@ -147,11 +148,11 @@ def cached_on(cache_dir, task: Task, shape) -> dict[str, dict]:
     working entry of this search
     for the current kernel source: what --dry-run, which knows no GPU, marks as cached (a real run
     also matches the compute capability and Triton version)."""
-    want = {"shape_key": tuned.shape_key(shape), "variant": task.variant, "source_hash": tuned.source_hash(task.kernel)}
+    want = CacheKey(None, source_hash(task.kernel), shape_key(shape), task.variant)
     out = {}
     for path in [p for root in tuned.read_dirs(cache_dir) for p in sorted(root.glob(f"*/{task.kernel}.json"))]:
         for e in tuned.load_entries(path):
-            key = e.get("key", {})
-            if all(key.get(k) == v for k, v in want.items()) and has_winner(e):
+            key = CacheKey.from_dict(e.get("key", {}))
+            if key.same_search(want) and key.source_hash == want.source_hash and has_winner(e):
                 out.setdefault(path.parent.name, e)
     return out

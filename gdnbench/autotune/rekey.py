@@ -20,6 +20,7 @@ PYTHONPATH=<tree>, so it imports only ``gdnbench`` modules both trees have.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import hashlib
 import json
 import os
@@ -33,8 +34,6 @@ from typing import Callable
 
 ARCH = 90
 THIS_TREE = Path(__file__).resolve().parents[2]
-_KEY = re.compile(r"(?P<family>gdn|kda)_K(?P<K>\d+)_V(?P<V>\d+)_H(?P<H>\d+)_HV(?P<HV>\d+)_(?P<dtype>\w+?)_"
-                  r"(?P<mix>fixed|varlen)_T(?P<T>\d+)$")
 
 Digests = Callable[[dict], "list[str] | str"]  # entry -> launch digests, or the reason none came
 
@@ -109,24 +108,23 @@ def dump_sass(cubin: bytes) -> str:
         return subprocess.run([tool, "--dump-sass", f.name], capture_output=True, text=True, check=True).stdout
 
 
-def launch_digests(kernel: str, shape_key: str, route: str, point: dict, tokens: int) -> list[str]:
+def launch_digests(kernel: str, shape: dict | None, route: str, point: dict, tokens: int) -> list[str]:
     """'<jit function>:<sha256 prefix>' of every main (non fix-up) launch of ``kernel`` when the route
-    runs at ``point`` on a small stand-in of the shape (same family, K, V, heads, dtype, mix, and
-    token count modulo 16, which Triton specializes on)."""
-    import dataclasses
-
+    runs at ``point`` on a small stand-in of the shape (``shape``: the fields of its parsed shape key:
+    same family, K, V, heads, dtype, mix, and token count modulo 16, which Triton specializes on)."""
     import torch
 
     from gdnbench.kernels import offline, ops, tuned
 
-    s = _KEY.match(shape_key)
-    family, K, V, H, HV = s["family"], int(s["K"]), int(s["V"]), int(s["H"]), int(s["HV"])
-    dt = getattr(torch, s["dtype"])
+    if shape is None:
+        raise ValueError("its shape key names no shape")
+    family, K, V, H, HV = shape["family"], shape["K"], shape["V"], shape["H"], shape["HV"]
+    dt = getattr(torch, shape["dtype"])
     cfg = ops.default_config(K, V, dt.itemsize, family)
     cfg = dataclasses.replace(cfg, **{kernel: tuned.kernel_config(kernel, point)})
     if family == "gdn":  # the path that runs ``kernel``
         cfg = dataclasses.replace(cfg, one_pass=kernel in tuned.ONE_PASS_KERNELS)
-    lens = [100, 200 + (tokens - 300) % 16] if s["mix"] == "varlen" else None
+    lens = [100, 200 + (tokens - 300) % 16] if shape["varlen"] else None
     T = sum(lens) if lens else 256 + tokens % 16
     q, k = torch.randn(1, T, H, K, dtype=dt), torch.randn(1, T, H, K, dtype=dt)
     v, beta = torch.randn(1, T, HV, V, dtype=dt), torch.rand(1, T, HV, dtype=dt)
@@ -163,8 +161,11 @@ def tree_digests(tree: Path, entries: list[dict]) -> Digests:
     done: dict[int, list[str] | str] = {}
 
     def compile_all() -> None:
-        jobs = [[e["kernel"], e["key"]["shape_key"], e["route"], e["best"]["config"],
-                 e.get("shape", {}).get("tokens", 256)] for e in entries]
+        from gdnbench.kernels.cache_key import ShapeKey  # this tree's: the child imports only what both trees have
+
+        shapes = [ShapeKey.parse(e["key"]["shape_key"]) for e in entries]
+        jobs = [[e["kernel"], s and dataclasses.asdict(s), e["route"], e["best"]["config"],
+                 e.get("shape", {}).get("tokens", 256)] for e, s in zip(entries, shapes)]
         env = {**os.environ, "PYTHONPATH": str(tree)}
         env.pop("TRITON_INTERPRET", None)
         r = subprocess.run([sys.executable, __file__, "--child", json.dumps(jobs)], capture_output=True, text=True,

@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..kernels import tuned
+from ..kernels.cache_key import shape_key, source_hash
 from .space import build_space, count_valid, KERNELS
 from .plan import cached_on, entry_summary, EXHAUSTIVE_MAX, has_winner, Task, unique_shapes
 from .search import is_ok
@@ -37,7 +38,7 @@ def dry_run_rows(shapes: list, tasks: list[Task], exhaustive_max: int = EXHAUSTI
             cached = cached_on(cache_dir, t, s) if cache_dir is not None else {}
             rows.append({
                 "kernel": t.kernel, "variant": t.variant, "route": t.route, "shape_id": s.id,
-                "shape_key": tuned.shape_key(s), "dims": {d: list(v) for d, v in space.dims},
+                "shape_key": shape_key(s), "dims": {d: list(v) for d, v in space.dims},
                 "start": space.start, "total": space.total, "valid": n_valid,
                 "strategy": "exhaustive" if n_valid <= exhaustive_max else "coordinate_descent",
                 "per_pass": space.pass_size(),
@@ -92,7 +93,7 @@ def report_rows(cache_dir=None) -> list[dict]:
                 "default_us": d, "tuned_us": b, "ratio": (b / d) if b and d else None,
                 "winner": tuned.point_label(win) if win else "default",
                 "evaluated": (e.get("search") or {}).get("evaluated"), "failed": (e.get("search") or {}).get("failed"),
-                "stale": key.get("source_hash") != tuned.source_hash(e["kernel"]) if e.get("kernel") in KERNELS else True,
+                "stale": key.get("source_hash") != source_hash(e["kernel"]) if e.get("kernel") in KERNELS else True,
             })
     return rows
 

@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ..kernels import tuned
+from ..kernels.cache_key import CacheKey, ShapeKey, source_hash
 from .space import Point, point_key, Space
 from .plan import DEFAULT_BUDGET_S, Evaluate, EXHAUSTIVE_MAX, has_winner, MIN_GAIN, Task
 
@@ -155,30 +156,27 @@ def seed_points(cache_dir: Path, env: dict, task: Task, shape, limit: int = MAX_
     SEED_KERNELS partner) for shapes of the same family, head sizes and dtype: this very search's
     winner on older code first (an edit made it stale), then this shape's other variants, then other
     shapes. The pool compiles them with the default in one batch, so they cost one compile wave."""
-    want = tuned.entry_key(env, task.kernel, shape, task.variant)
-    prefix = f"{shape.family}_K{shape.K}_V{shape.V}_"
+    want = CacheKey.of(env, task.kernel, shape, task.variant)
+    heads = ShapeKey.of(shape)
     previous, same, other = [], [], []
     entries = []
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", tuned.StaleEntry)
         for kernel in SEED_KERNELS.get(task.kernel, (task.kernel,)):
             entries += [(kernel, e) for root in tuned.read_dirs(cache_dir)
-                        for e in tuned.load_entries(tuned.cache_path(root, want["gpu"] or "unknown", kernel))]
+                        for e in tuned.load_entries(tuned.cache_path(root, want.machine.gpu or "unknown", kernel))]
     for kernel, e in entries:
-        key = e.get("key", {})
-        if any(key.get(k) != want[k] for k in ("gpu", "compute_capability", "triton")):
+        key = CacheKey.from_dict(e.get("key", {}))
+        if key.machine != want.machine or not has_winner(e):
             continue
-        sk = key.get("shape_key", "")
-        this_search = sk == want["shape_key"] and key.get("variant") == task.variant and kernel == task.kernel
-        if not has_winner(e):
-            continue
-        if key.get("source_hash") != tuned.source_hash(kernel):
+        this_search = key.same_search(want) and kernel == task.kernel
+        if key.source_hash != source_hash(kernel):
             if this_search:
                 previous.append(e["best"]["config"])
             continue
-        if this_search or not sk.startswith(prefix) or f"_{shape.dtype}_" not in sk:
+        if this_search or not heads.same_heads(ShapeKey.parse(key.shape_key)):
             continue
-        (same if sk == want["shape_key"] else other).append(e["best"]["config"])
+        (same if key.shape_key == want.shape_key else other).append(e["best"]["config"])
     out: list[Point] = []
     for p in previous + same + other:
         if p not in out:

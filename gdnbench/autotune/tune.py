@@ -13,12 +13,12 @@ from pathlib import Path
 from typing import Callable
 
 from ..kernels import tuned
+from ..kernels.cache_key import device_identity, entry_key
 from ..bench.worker import CompilePool, WorkerClient
 from .space import build_space, Space
 from .plan import cached_tasks, per_candidate, Task, TuneOptions
 from .search import is_ok, search, SearchResult, seed_points
 from .dist import Dist, rank_gpu, sharded
-from .bench import device_identity
 
 
 def make_entry(env: dict, task: Task, shape, set_name: str, space: Space, res: SearchResult, opts: TuneOptions) -> dict:
@@ -29,7 +29,7 @@ def make_entry(env: dict, task: Task, shape, set_name: str, space: Space, res: S
     best = res.best
     failed = sum(1 for r in res.results if not is_ok(r))
     return {
-        "key": tuned.entry_key(env, task.kernel, shape, task.variant),
+        "key": entry_key(env, task.kernel, shape, task.variant),
         "kernel": task.kernel, "variant": task.variant, "route": task.route,
         "shape": {"set": set_name, "id": shape.id, "label": shape.label(), "tokens": shape.tokens},
         "created_utc": utc_stamp(), "git": git_info(),

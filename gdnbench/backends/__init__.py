@@ -1,60 +1,60 @@
-"""The explicit backend registry: name -> adapter factory (imports stay lazy)."""
+"""The explicit backend registry: name -> adapter factory of the run's BackendOptions (imports stay lazy)."""
 
 from __future__ import annotations
 
 from .base import (ALL_ROUTES, DECODE_ROUTES, MODES, ROUTES, ROUTES_BY_MODE, TRAIN_ROUTES, Backend,  # noqa: F401
-                   Support)
+                   BackendOptions, Support)
 
 
-def _reference():
+def _reference(options: BackendOptions):
     from .reference import ReferenceBackend
 
     return ReferenceBackend()
 
 
-def _fla():
+def _fla(options: BackendOptions):
     from .fla import FlaBackend
 
     return FlaBackend()
 
 
-def _fla_dispatch():
+def _fla_dispatch(options: BackendOptions):
     from .fla_dispatch import FlaDispatchBackend
 
     return FlaDispatchBackend()
 
 
-def _flashqla():
+def _flashqla(options: BackendOptions):
     from .flashqla import FlashQLABackend
 
     return FlashQLABackend()
 
 
-def _gdnbench():
+def _gdnbench(options: BackendOptions):
     from .gdnbench import GdnbenchBackend
 
     return GdnbenchBackend()
 
 
-def _gdnbench_default():
+def _gdnbench_default(options: BackendOptions):
     from .gdnbench import GdnbenchDefaultBackend
 
     return GdnbenchDefaultBackend()
 
 
-def _helion():
+def _helion(options: BackendOptions):
     from .helion import HelionBackend
 
-    return HelionBackend()
+    return HelionBackend(effort=options.helion_effort)
 
 
-def _helion_linear():
+def _helion_linear(options: BackendOptions):
     from .helion import HelionLinearBackend
 
-    return HelionLinearBackend()
+    return HelionLinearBackend(options.helion_examples)
 
 
-def _flashinfer():
+def _flashinfer(options: BackendOptions):
     from .flashinfer import FlashinferBackend
 
     return FlashinferBackend()
@@ -78,8 +78,9 @@ class UnknownBackend(ValueError):
     pass
 
 
-def get(name: str) -> Backend:
-    """A registered backend by name, or a user's adapter class given as 'package.module:Class'."""
+def get(name: str, options: BackendOptions = BackendOptions()) -> Backend:
+    """A registered backend by name, built with ``options``, or a user's adapter class given as
+    'package.module:Class' (built without arguments)."""
     if ":" in name:
         import importlib
 
@@ -90,4 +91,4 @@ def get(name: str) -> Backend:
             raise UnknownBackend(f"backend {name!r}: {e}") from None
     if name not in REGISTRY:
         raise UnknownBackend(f"unknown backend {name!r} (known: {', '.join(REGISTRY)})")
-    return REGISTRY[name]()
+    return REGISTRY[name](options)

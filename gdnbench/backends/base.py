@@ -37,6 +37,16 @@ class Support:
 YES = Support(True)
 
 
+@dataclass(frozen=True)
+class BackendOptions:
+    """What the command line tells the backends that take options; a run hands them to its workers with
+    each task. ``helion_effort``: autotuning of our Helion kernels (none, quick, full);
+    ``helion_examples``: a Helion checkout for helion-linear (None: $GDNBENCH_HELION_EXAMPLES)."""
+
+    helion_effort: str = "none"
+    helion_examples: str | None = None
+
+
 def no(reason: str) -> Support:
     return Support(False, reason)
 

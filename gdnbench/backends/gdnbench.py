@@ -58,7 +58,8 @@ class GdnbenchBackend(Backend):
         if key not in self._resolved:
             cfg, label = None, "default"
             if device == "cuda":
-                from ..kernels.tuned import device_env, tuned_config
+                from ..kernels.cache_key import device_env
+                from ..kernels.tuned import tuned_config
 
                 cfg, label = tuned_config(shape, route, device_env())
             self._resolved[key] = _pin_path(shape, route, cfg if label != "default" else None, label)

@@ -7,7 +7,8 @@
 caller's l2norm, gdnbench.kernels.ops.l2norm, then the Helion pipeline), `flag` (Helion l2norm inside),
 `fused_q`. GDN and KDA (bounded gate, lower_bound >= -5).
 
-Configs (`gdnbench run --helion-effort none|quick|full`, passed to the workers as GDNBENCH_HELION_EFFORT):
+Configs (`gdnbench run --helion-effort none|quick|full`, BackendOptions.helion_effort, handed to each worker
+with its task):
 `none` runs Helion's default config of each kernel, no tuning; `quick` / `full` take a cached config
 from <cache>/tuned/<gpu>/helion/ (the user cache, gdnbench.paths; Config.save / Config.load; an entry
 per kernel, route variant and shape key, keyed by GPU name, compute capability, helion / torch / triton
@@ -52,7 +53,6 @@ from ..data.results import dist_version, slug, write_atomic
 from .base import YES, Backend, Support, no, one_line
 
 DIST = "helion"
-EFFORT_ENV = "GDNBENCH_HELION_EFFORT"
 EXAMPLES_ENV = "GDNBENCH_HELION_EXAMPLES"
 EFFORTS = ("none", "quick", "full")
 ENGINE = Path("examples") / "linear" / "linear_attention_engine.py"
@@ -63,7 +63,9 @@ KERNEL_SOURCE = Path(__file__).resolve().parent.parent / "kernels" / "helion.py"
 
 def source_hash() -> str:
     """sha256 of gdnbench/kernels/helion.py: a tuned config is valid only for the kernel text it was tuned on."""
-    return "sha256:" + hashlib.sha256(KERNEL_SOURCE.read_bytes()).hexdigest()
+    from ..kernels.cache_key import file_hash
+
+    return file_hash(KERNEL_SOURCE)
 
 
 # ----------------------------------------------------------------------------- environment probes
@@ -76,10 +78,9 @@ def _cuda_available() -> bool:
 
 def _device_identity() -> dict:
     """GPU name and compute capability of device 0 (the tuning key's machine part)."""
-    import torch
+    from ..kernels.cache_key import device_env
 
-    p = torch.cuda.get_device_properties(0)
-    return {"gpu": p.name, "compute_capability": f"{p.major}.{p.minor}"}
+    return device_env(0)
 
 
 def _import_helion():
@@ -104,11 +105,11 @@ def helion_support() -> Support:
     return YES
 
 
-def effort() -> str:
-    """The autotune effort asked for (GDNBENCH_HELION_EFFORT, set by `gdnbench run --helion-effort`)."""
-    e = os.environ.get(EFFORT_ENV, "none").strip().lower() or "none"
+def effort_of(name: str | None) -> str:
+    """A Helion autotune effort by name (any case; empty: none)."""
+    e = (name or "none").strip().lower() or "none"
     if e not in EFFORTS:
-        raise ValueError(f"{EFFORT_ENV}={e!r}: use one of {', '.join(EFFORTS)}")
+        raise ValueError(f"helion effort {e!r}: use one of {', '.join(EFFORTS)}")
     return e
 
 
@@ -121,16 +122,17 @@ def _caller_l2norm(x):
 
 # ----------------------------------------------------------------------------- the tuned-config cache
 def cache_key(identity: dict, kernel: str, variant: str, shape, effort_name: str) -> dict:
-    """Everything a tuned config depends on (module docstring)."""
+    """The tuning cache key (gdnbench.kernels.cache_key: machine with this Triton, this kernel file's
+    hash, shape key, variant) and what Helion's configs also depend on: the helion and torch versions,
+    the kernel and the effort."""
     import torch
     import triton
 
-    from ..kernels.tuned import shape_key
+    from ..kernels.cache_key import CacheKey, Machine, shape_key
 
-    return {"gpu": identity["gpu"], "compute_capability": identity["compute_capability"],
-            "helion": dist_version(DIST), "torch": torch.__version__, "triton": triton.__version__,
-            "source_hash": source_hash(), "kernel": kernel, "variant": variant,
-            "shape_key": shape_key(shape), "effort": effort_name}
+    machine = Machine(identity["gpu"], identity["compute_capability"], triton.__version__)
+    key = CacheKey(machine, source_hash(), shape_key(shape), variant).as_dict()
+    return {**key, "helion": dist_version(DIST), "torch": torch.__version__, "kernel": kernel, "effort": effort_name}
 
 
 def cache_paths(cache_dir: Path, key: dict) -> tuple[Path, Path]:
@@ -172,9 +174,10 @@ class HelionBackend(Backend):
     no_backward = "has no backward (our Helion GDN kernels are a forward-only pipeline, no autograd)"
     no_decode = "has no decode kernel (our Helion kernels are a chunked forward)"
 
-    def __init__(self, cache_dir: Path | None = None):
+    def __init__(self, cache_dir: Path | None = None, effort: str = "none"):
         from ..kernels.tuned import read_dirs, write_dir
 
+        self.effort = effort_of(effort)  # `gdnbench run --helion-effort`
         self.cache_dir = write_dir(cache_dir)  # where new configs go; read_dirs: where they are looked up
         self.read_dirs = read_dirs(cache_dir)
         self._resolved: dict = {}  # (shape id, route) -> {kernel: helion.Config}: the full shape's configs
@@ -216,7 +219,7 @@ class HelionBackend(Backend):
 
     def _plan(self, shape, route: str):
         """(mode, effort, {kernel: cached Config}) for the full shape: StageRunner's arguments."""
-        eff = effort()
+        eff = self.effort
         if eff == "none":
             return "default", eff, {}
         ident = _device_identity()
@@ -234,10 +237,9 @@ class HelionBackend(Backend):
         return "tune", eff, cached
 
     def config_label(self, shape, route, device):
+        if self.effort == "none":
+            return "default (Helion's default config of each kernel, no tuning)"
         try:
-            eff = effort()
-            if eff == "none":
-                return "default (Helion's default config of each kernel, no tuning)"
             mode, eff, cached = self._plan(shape, route)
         except Exception as e:  # a label must not fail a row; prepare reports the real error
             return f"unknown ({one_line(e)})"
@@ -274,7 +276,7 @@ class HelionBackend(Backend):
                   else "gate cumsum + gram + solve, w/u")
         return (f"helion {self.version()}: Helion stages [{shape.family} state recurrence, {out}"
                 f"{', l2norm' if route != 'explicit' else ''}], Triton stages [{triton}] "
-                f"(gdnbench.kernels.ops, default configs); {how}; effort {os.environ.get(EFFORT_ENV, 'none')}")
+                f"(gdnbench.kernels.ops, default configs); {how}; effort {self.effort}")
 
     def prepare(self, shape, route, inputs):
         from ..kernels import helion as helion_gdn

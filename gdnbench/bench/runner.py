@@ -1,145 +1,57 @@
 """Run a shape set: one long-lived worker subprocess per run, crash isolation, rows streamed back.
 
-An illegal memory access poisons the whole CUDA context, so the backends run in a child
-process (`python -m gdnbench.bench.runner ROWS.jsonl`, tasks on stdin) that writes each row as a
-JSON line the moment it exists. If the child dies, the rows it wrote are kept, each backend
-with missing rows is run again alone in a fresh child, what is still missing becomes an
+An illegal memory access poisons the whole CUDA context, so the backends run in a child process
+(`python -m gdnbench.bench.runner`, spoken to through gdnbench.bench.protocol: a task per request,
+each row streamed back the moment it exists). If the child dies, the rows it sent are kept, each
+backend with missing rows is run again alone in a fresh child, what is still missing becomes an
 `error` row carrying the tail of the child's output, and a fresh worker takes the next shape.
 """
 
 from __future__ import annotations
 
-import json
-import os
-import signal
-import subprocess
 import sys
-import tempfile
-import time
 from dataclasses import asdict
-from pathlib import Path
 from typing import Callable
 
 from .. import backends as registry
+from ..backends.base import BackendOptions
 from ..data.shapes import Shape, ShapeSet, load_file
-from ..data.journal import STOP_SIGNALS, Stopped
+from ..data.journal import Stopped
 from .measure import base_row, measure_shape
+from .protocol import Child, module_command, serve, worker_env  # noqa: F401  (worker_env: the runner's too)
 from .timing import TimingParams
 
-PKG_PARENT = str(Path(__file__).resolve().parents[2])
 DEFAULT_WORKER_TIMEOUT_S = 1800
-STOP_SIGNUMS = {int(getattr(signal, n)) for n in STOP_SIGNALS if hasattr(signal, n)}
-
-
-def worker_env(device: str, extra: dict | None = None) -> dict:
-    env = dict(os.environ)
-    env.setdefault("FLA_DISABLE_BACKEND_DISPATCH", "1")
-    env.update(extra or {})
-    if device == "cpu":
-        env["TRITON_INTERPRET"] = "1"
-    env["PYTHONPATH"] = os.pathsep.join(p for p in (PKG_PARENT, env.get("PYTHONPATH", "")) if p)
-    env["PYTHONUNBUFFERED"] = "1"
-    return env
-
-
-class _LineReader:
-    """The complete lines a process appends to a file, read as they arrive (a half-written last
-    line waits for its end)."""
-
-    def __init__(self, path: Path):
-        self.path, self.pos = path, 0
-
-    def new(self) -> list[dict]:
-        if not self.path.exists():
-            return []
-        with open(self.path) as fh:
-            fh.seek(self.pos)
-            data = fh.read()
-        out = []
-        for line in data.splitlines(keepends=True):
-            if not line.endswith("\n"):
-                break
-            self.pos += len(line.encode())
-            try:
-                out.append(json.loads(line))
-            except json.JSONDecodeError:
-                continue  # not a row: nothing else writes there, but never stop on it
-        return out
+OUTPUT_TAIL = 1500  # characters of a dead worker's output kept in its error rows
 
 
 class Worker:
-    """One worker process that measures shape after shape (`python -m gdnbench.bench.runner ROWS.jsonl`,
-    a task per stdin line, each row and a `{"_done": id}` line appended to ROWS.jsonl).
+    """One worker process that measures shape after shape (a task per request, its rows streamed back).
 
     Started once per run, not once per shape: worker start and imports took 91 s of a 96 s CPU
     smoke run on 2 cores with one fresh process per shape. A worker that dies is replaced by the
-    caller; the rows it wrote are kept."""
+    caller; the rows it sent are kept."""
 
     def __init__(self, device: str, env: dict | None = None):
-        self._tmp = tempfile.TemporaryDirectory(prefix="gdnbench-")
-        tmp = Path(self._tmp.name)
-        self._err_path = tmp / "stderr.txt"
-        self._err = open(self._err_path, "w")
-        self._rows = _LineReader(tmp / "rows.jsonl")
-        self.proc = subprocess.Popen([sys.executable, "-m", "gdnbench.bench.runner", str(tmp / "rows.jsonl")],
-                                     stdin=subprocess.PIPE, stdout=self._err, stderr=subprocess.STDOUT,
-                                     env=worker_env(device, env), text=True)
+        self.child = Child(module_command("gdnbench.bench.runner"), worker_env(device, env))
 
     def run(self, task: dict, timeout_s: float, on_row: Callable[[dict], None]) -> tuple[list[dict], int, str]:
         """The rows of one task, the exit code (0: the task finished, the worker lives on) and, when it
-        died, the tail of its output."""
-        err_start = self._err_path.stat().st_size
-        rows: list[dict] = []
-        try:
-            self.proc.stdin.write(json.dumps(task) + "\n")
-            self.proc.stdin.flush()
-        except (BrokenPipeError, OSError):
-            pass  # died before the task: its exit code and output say why
-        start = time.monotonic()
-        try:
-            while True:
-                rc = self.proc.poll()
-                for row in self._rows.new():
-                    if "_done" in row:
-                        return rows, 0, ""
-                    rows.append(row)
-                    on_row(row)
-                if rc is not None:
-                    break
-                if time.monotonic() - start > timeout_s:
-                    self._kill()
-                    rc = -9
-                    break
-                time.sleep(0.05)
-        except BaseException:  # a stop signal in the parent: the worker goes too, at once
-            self._kill()
-            self.close()
-            raise
-        rc = rc if rc != 0 else 1  # exited without finishing the task
-        with open(self._err_path) as fh:
-            fh.seek(err_start)
-            tail = fh.read()[-1500:]
-        if rc == -9 and time.monotonic() - start > timeout_s:
-            tail = f"worker timed out after {timeout_s:.0f} s\n" + tail
-        if -rc in STOP_SIGNUMS:  # the whole process group was told to stop (timeout, Ctrl-C, a closed terminal)
-            raise Stopped(signal.Signals(-rc).name)
-        return rows, rc, tail
-
-    def _kill(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.kill()
-            self.proc.wait()
+        died, the tail of its output. A stop signal here, or one that killed the worker (the whole
+        process group was told to stop: timeout, Ctrl-C, a closed terminal), raises Stopped."""
+        reply = self.child.request(task, timeout_s, on_row)
+        rows = list(reply.messages)
+        if reply.answered:
+            return rows, 0, ""
+        tail = reply.output[-OUTPUT_TAIL:]
+        if reply.ended == "timeout":
+            return rows, -9, f"worker timed out after {timeout_s:.0f} s\n" + tail
+        if reply.stop_signal:
+            raise Stopped(reply.stop_signal)
+        return rows, reply.exit_code or 1, tail  # exit code 0 without the task's end: still a failure
 
     def close(self) -> None:
-        if self.proc.poll() is None:
-            try:
-                self.proc.stdin.close()  # end of tasks: a live worker exits by itself
-                self.proc.wait(timeout=5)
-            except (OSError, subprocess.TimeoutExpired):
-                self.proc.kill()
-                self.proc.wait()
-        self._err.close()
-        self._tmp.cleanup()
+        self.child.close()
 
 
 def _run_child(task: dict, timeout_s: float, on_row: Callable[[dict], None], device: str,
@@ -160,13 +72,14 @@ def _summary_line(tail: str, rc: int) -> str:
 
 def run_shape_isolated(ss: ShapeSet, shape: Shape, backend_names: list[str], routes: list[str], mode: str,
                        device: str, check_tokens: int, params: TimingParams, on_row, timeout_s: float,
-                       worker: Worker | None = None, env: dict | None = None) -> tuple[list[dict], bool]:
+                       worker: Worker | None = None, env: dict | None = None,
+                       options: BackendOptions = BackendOptions()) -> tuple[list[dict], bool]:
     """A shape's rows, measured in ``worker`` (a fresh one when None), and whether that worker lives on.
 
     If it dies, the rows it wrote are kept, each backend with missing rows is run again alone in a
     fresh worker, and what is still missing becomes an `error` row with the tail of its output."""
     task = {"shape_set": ss.path, "shape_id": shape.id, "backends": backend_names, "routes": routes, "mode": mode,
-            "device": device, "check_tokens": check_tokens, "params": asdict(params)}
+            "device": device, "check_tokens": check_tokens, "params": asdict(params), "options": asdict(options)}
     if worker is None:
         rows, rc, tail = _run_child(task, timeout_s, on_row, device, env)
     else:
@@ -207,10 +120,10 @@ def run_set(ss: ShapeSet, backend_names: list[str], routes: list[str], mode: str
             check_tokens: int = 8192, params: TimingParams = TimingParams(), shape_ids: list[str] | None = None,
             isolate: bool = True, on_row: Callable[[dict], None] = lambda r: None,
             on_shape: Callable[[Shape], None] = lambda s: None, timeout_s: float = DEFAULT_WORKER_TIMEOUT_S,
-            backend_objects: list | None = None) -> list[dict]:
+            backend_objects: list | None = None, options: BackendOptions = BackendOptions()) -> list[dict]:
     """All rows of a set. `backend_objects` (in-process only) lets tests pass fake backends. Isolated,
     one worker per worker environment (`env_groups`) measures shape after shape; a worker that dies is
-    replaced for the next shape."""
+    replaced for the next shape. ``options`` build the backends, in each worker too (its tasks carry them)."""
     shapes = [ss.get(i) for i in shape_ids] if shape_ids else list(ss.shapes)
     rows: list[dict] = []
     workers: dict[tuple, Worker] = {}
@@ -222,12 +135,12 @@ def run_set(ss: ShapeSet, backend_names: list[str], routes: list[str], mode: str
                     key = tuple(sorted(env.items()))
                     worker = workers.get(key) or workers.setdefault(key, Worker(device, env))
                     got, alive = run_shape_isolated(ss, shape, specs, routes, mode, device, check_tokens, params,
-                                                    on_row, timeout_s, worker, env)
+                                                    on_row, timeout_s, worker, env, options)
                     rows += got
                     if not alive:
                         workers.pop(key).close()
                 continue
-            objs = backend_objects or [registry.get(n) for n in backend_names]
+            objs = backend_objects or [registry.get(n, options) for n in backend_names]
 
             def emit(row, _rows=rows):
                 _rows.append(row)
@@ -240,31 +153,24 @@ def run_set(ss: ShapeSet, backend_names: list[str], routes: list[str], mode: str
     return rows
 
 
-def _serve(rows_path: str) -> int:
-    """The worker: a task per stdin line, until stdin closes; rows and a done line per task. A task
-    that raises ends the process (a CUDA error poisons its context); the parent replaces it."""
+def _serve() -> int:
+    """The worker: a task per request until stdin closes, each row streamed back as it is measured."""
     sets: dict[str, ShapeSet] = {}
-    objs: dict[str, object] = {}
-    with open(rows_path, "a") as fh:
-        def emit(row):
-            fh.write(json.dumps(row) + "\n")
-            fh.flush()
+    objs: dict[tuple, object] = {}
 
-        for line in sys.stdin:
-            if not line.strip():
-                continue
-            task = json.loads(line)
-            if task["shape_set"] not in sets:
-                sets[task["shape_set"]] = load_file(task["shape_set"])
-            ss = sets[task["shape_set"]]
-            for n in task["backends"]:
-                objs[n] = objs.get(n) or registry.get(n)
-            backends = [objs[n] for n in task["backends"]]
-            measure_shape(ss.get(task["shape_id"]), backends, task["routes"], task["mode"], task["device"],
-                          task["check_tokens"], TimingParams(**task["params"]), emit)
-            emit({"_done": task["shape_id"]})
-    return 0
+    def answer(task: dict, send) -> dict:
+        if task["shape_set"] not in sets:
+            sets[task["shape_set"]] = load_file(task["shape_set"])
+        options = BackendOptions(**task["options"])
+        for n in task["backends"]:
+            objs[n, options] = objs.get((n, options)) or registry.get(n, options)
+        backends = [objs[n, options] for n in task["backends"]]
+        measure_shape(sets[task["shape_set"]].get(task["shape_id"]), backends, task["routes"], task["mode"],
+                      task["device"], task["check_tokens"], TimingParams(**task["params"]), send)
+        return {"shape_id": task["shape_id"]}
+
+    return serve(answer)
 
 
 if __name__ == "__main__":
-    sys.exit(_serve(sys.argv[1]))
+    sys.exit(_serve())

@@ -103,7 +103,7 @@ def run(
 ):
     """Check, then time, each backend x route on each shape of the sets; write results and print the report."""
     with _bad_input_exits():
-        _helion_options(helion_effort, helion_examples)
+        options = _backend_options(helion_effort, helion_examples)
         if resume is not None:
             from ..data import results
 
@@ -118,17 +118,15 @@ def run(
             check_tokens = check_tokens or run0.get("check_tokens")
             warmup, rounds, iters, l2 = t0["warmup_calls"], t0["rounds"], t0["iters_per_round"], t0["l2"]
         _run(shapes, backends, routes, shape_ids, mode or "fwd", device, out, l2, warmup, rounds, iters,
-             check_tokens, isolate, plot_chart, worker_timeout, resume)
+             check_tokens, isolate, plot_chart, worker_timeout, resume, options)
 
 
-def _helion_options(effort: str, examples: Optional[Path]) -> None:
-    """The Helion options reach the backends (and the worker processes) through the environment."""
-    import os
+def _backend_options(effort: str = "none", examples: Optional[Path] = None):
+    """The backends' options (the runner builds them with these, in each worker too)."""
+    from ..backends.base import BackendOptions
 
     choice("--helion-effort", effort, HELION_EFFORTS)
-    os.environ["GDNBENCH_HELION_EFFORT"] = effort
-    if examples is not None:
-        os.environ["GDNBENCH_HELION_EXAMPLES"] = str(examples.expanduser().resolve())
+    return BackendOptions(effort, str(examples.expanduser().resolve()) if examples is not None else None)
 
 
 def _resolve_device(device: str) -> str:
@@ -143,7 +141,7 @@ def _resolve_device(device: str) -> str:
 
 
 def _run(shapes, backends, routes, shape_ids, mode, device, out, l2, warmup, rounds, iters, check_tokens, isolate,
-         plot_chart, worker_timeout, resume=None):
+         plot_chart, worker_timeout, resume=None, options=None):
     from .. import backends as registry
     from ..data import results
     from ..bench.runner import run_set
@@ -206,7 +204,7 @@ def _run(shapes, backends, routes, shape_ids, mode, device, out, l2, warmup, rou
         codes.append(measure_and_write(ss, wanted, backend_names, routes_l, header, prior["rows"], Path(path),
                                         resume, stamp, plot_chart, mode, lambda on_row, on_shape: run_set(
             ss, backend_names, routes_l, mode, device, check_tokens, params, wanted, isolate, on_row, on_shape,
-            worker_timeout)))
+            worker_timeout, options=options or _backend_options())))
         if codes[-1] not in (EXIT_OK, EXIT_NOTHING_MEASURED):
             break
     code = next((c for c in codes if c not in (EXIT_OK, EXIT_NOTHING_MEASURED)),
@@ -435,15 +433,11 @@ def env(device: str = typer.Option("auto", help="auto, cuda or cpu."),
         helion_examples: Optional[Path] = typer.Option(None, help="A Helion checkout for backend helion-linear "
                                                        "(default: $GDNBENCH_HELION_EXAMPLES).")):
     """Versions, GPU, and each backend's availability with its reason."""
-    import os
-
     from .. import backends as registry
     from .. import paths
     from ..data import results
 
-    if helion_examples is not None:
-        os.environ["GDNBENCH_HELION_EXAMPLES"] = str(helion_examples.expanduser().resolve())
-
+    options = _backend_options(examples=helion_examples)
     with _bad_input_exits():
         choice("--device", device, DEVICES)
     dev = device
@@ -463,7 +457,7 @@ def env(device: str = typer.Option("auto", help="auto, cuda or cpu."),
     rows += [["cache", str(paths.user_cache_dir())]]
     backend_rows = []
     for name in registry.REGISTRY:
-        b = registry.get(name)
+        b = registry.get(name, options)
         a = b.is_available()
         backend_rows.append([name, str(b.version()), "yes" if a else "no", a.reason, ",".join(b.routes)])
     print_tables(console, [rep.Table("environment", ["key", "value"], rows),

@@ -160,7 +160,7 @@ def _run_with_progress(shapes, tasks, opts, dist, tally):
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
     from ..autotune import tune as at_tune
-    from ..kernels import tuned
+    from ..kernels.cache_key import shape_key
 
     show = dist.rank == 0
     with Progress(TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
@@ -193,7 +193,7 @@ def _run_with_progress(shapes, tasks, opts, dist, tally):
                                        f"{e['search']['evaluated']} evaluated -> {info['path']}", highlight=False)
             elif kind == "cached" and show:
                 t = info["task"]
-                progress.console.print(f"skipped {t.kernel}[{t.variant}] {tuned.shape_key(info['shape'])}: "
+                progress.console.print(f"skipped {t.kernel}[{t.variant}] {shape_key(info['shape'])}: "
                                        f"{info['reason']}", markup=False, highlight=False)
             elif kind == "skip" and show:
                 progress.console.print(f"[red]failed[/red] {info['shape'].id}: {len(info['tasks'])} searches not "

@@ -106,20 +106,17 @@ def _interpreting() -> bool:
     return os.environ.get("TRITON_INTERPRET", "0") == "1"
 
 
-# Called as hook(kernel, compiled) after every launch; the autotuner reads registers and
-# spills (compiled.n_regs / n_spills) this way. Empty outside tuning.
-LAUNCH_HOOKS: list = []
-
-
-def _launch(kernel, grid, cfg, *args, hooks=True, **kwargs):
+def _launch(kernel, grid, cfg, *args, hooks=None, **kwargs):
     """Launch with the config's num_warps/num_stages; maxnreg only on GPU and only when set.
-    hooks=False for a fix-up launch, so LAUNCH_HOOKS see the main kernel's registers."""
+    ``hooks``: the caller's ``on_launch(kernel, compiled)``, called after the launch (the autotuner
+    reads registers and spills, compiled.n_regs / n_spills, this way); None for a fix-up launch, so
+    it sees the main kernel's registers."""
     opts = {"num_warps": cfg.num_warps, "num_stages": cfg.num_stages}
     if cfg.maxnreg is not None and not _interpreting():
         opts["maxnreg"] = cfg.maxnreg
     compiled = launch(kernel, grid, args, kwargs, opts)
-    for hook in LAUNCH_HOOKS if hooks else ():
-        hook(kernel, compiled)
+    if hooks is not None:
+        hooks(kernel, compiled)
 
 
 def _precision(dtype: torch.dtype) -> str:
@@ -176,7 +173,7 @@ def _varlen_args(varlen: VarlenInfo | None):
 
 
 # ----------------------------------------------------------------------------- l2norm
-def l2norm(x: torch.Tensor, config: L2NormConfig | None = None) -> torch.Tensor:
+def l2norm(x: torch.Tensor, config: L2NormConfig | None = None, on_launch=None) -> torch.Tensor:
     """x / sqrt(sum(x^2, -1) + 1e-6) in fp32, cast back to x's dtype (Triton kernel).
 
     Rows with max|x| > 2**50 are normalized on a pre-scaled copy, so they come
@@ -188,12 +185,12 @@ def l2norm(x: torch.Tensor, config: L2NormConfig | None = None) -> torch.Tensor:
     M = xc.numel() // D if D else 0
     if M == 0:
         return y
-    _launch(l2norm_kernel, (cdiv(M, cfg.BR),), cfg, xc, y, M, D=D, DP=next_pow2(D), BR=cfg.BR)
+    _launch(l2norm_kernel, (cdiv(M, cfg.BR),), cfg, xc, y, M, D=D, DP=next_pow2(D), BR=cfg.BR, hooks=on_launch)
     return y
 
 
 # ----------------------------------------------------------------------------- stages
-def gram_solve(k, g, beta, *, varlen=None, fuse_k=False, config: GDNConfig = DEFAULT_CONFIG):
+def gram_solve(k, g, beta, *, varlen=None, fuse_k=False, config: GDNConfig = DEFAULT_CONFIG, on_launch=None):
     """Stage 1: (g_cs [B,T,HV] fp32 = cumsum(g)*log2 e per chunk, A [B,T,HV,64] in k's dtype,
     rstd_k [B,T,H] fp32 or None, ssq_k [chunks, H] fp32 or None: the largest sum of squares of each
     chunk's k rows).  fuse_k: a second launch (FIXUP) redoes, overflow-safe, the chunks whose ssq_k
@@ -213,12 +210,12 @@ def gram_solve(k, g, beta, *, varlen=None, fuse_k=False, config: GDNConfig = DEF
                 k, g, beta, g_cs, A, rstd_k, ssq_k, *_varlen_args(varlen), T, NT, n_flags if fixup else None,
                 H=H, HV=HV, K=K, BK=block(cfg.BK, K), BT=CHUNK_SIZE, BC=SUB_CHUNK,
                 IS_VARLEN=varlen is not None, FUSE_K=fuse_k, FIXUP=fixup, PREC=_precision(k.dtype),
-                hooks=not fixup)
+                hooks=None if fixup else on_launch)
     return g_cs, A, rstd_k, ssq_k
 
 
 def kda_intra(q, k, g, beta, *, varlen=None, fuse_k=False, raw_q=False, unbounded=False,
-              config: GDNConfig = DEFAULT_CONFIG):
+              config: GDNConfig = DEFAULT_CONFIG, on_launch=None):
     """KDA stage 1: (g_cs [B,T,HV,K] fp32 = per-channel cumsum(g)*log2 e per chunk, A [B,T,HV,64]
     in k's dtype, Aqk [B,T,HV,64] (gated causal q k^T, unscaled), rstd_k [B,T,H] fp32 or None).
     Two kernels: kda_cumsum (g_cs), then kda_intra (both grams from g_cs, the solve); with bf16
@@ -240,17 +237,18 @@ def kda_intra(q, k, g, beta, *, varlen=None, fuse_k=False, raw_q=False, unbounde
     cs = config.kda_cumsum
     _launch(kda_cumsum_kernel, (n_grid, B * HV, cdiv(K, block(cs.BK, K))), cs,
             g, g_cs, *_varlen_args(varlen), T, NT, HV=HV, K=K, BK=block(cs.BK, K), BT=CHUNK_SIZE,
-            IS_VARLEN=varlen is not None)
+            IS_VARLEN=varlen is not None, hooks=on_launch)
     cfg = config.kda_intra
     _launch(kda_intra_kernel, (n_grid, B * HV, 2), cfg,
             q, k, beta, g_cs, A, Aqk, rstd_k, *_varlen_args(varlen), T, NT,
             H=H, HV=HV, K=K, BK=block(cfg.BK, K), BT=CHUNK_SIZE, BC=SUB_CHUNK,
             IS_VARLEN=varlen is not None, FUSE_K=fuse_k, DOT_BF16=k.dtype == torch.bfloat16,
-            PREC=_precision(k.dtype), UNBOUNDED=unbounded)
+            PREC=_precision(k.dtype), UNBOUNDED=unbounded, hooks=on_launch)
     return g_cs, A, Aqk, rstd_k
 
 
-def recompute_wu(k, v, beta, A, g_cs, *, rstd_k=None, varlen=None, config: GDNConfig = DEFAULT_CONFIG):
+def recompute_wu(k, v, beta, A, g_cs, *, rstd_k=None, varlen=None, config: GDNConfig = DEFAULT_CONFIG,
+                 on_launch=None):
     """Stage 2: w [B,T,HV,K] (k's dtype), u [B,T,HV,V] (v's dtype), and, for per-channel gates
     (g_cs [B,T,HV,K]), kg = k_norm * exp(g_last - g) [B,T,HV,K] in k's dtype (else None)."""
     B, T, H, K = k.shape
@@ -265,12 +263,12 @@ def recompute_wu(k, v, beta, A, g_cs, *, rstd_k=None, varlen=None, config: GDNCo
             k, v, beta, g_cs, A, rstd_k, w, u, kg, *_varlen_args(varlen), T, NT,
             H=H, HV=HV, K=K, V=V, BK=block(cfg.BK, K), BV=block(cfg.BV, V), BT=CHUNK_SIZE,
             IS_VARLEN=varlen is not None, FUSE_K=rstd_k is not None, PER_CHANNEL=per_channel,
-            PREC=_precision(k.dtype))
+            PREC=_precision(k.dtype), hooks=on_launch)
     return w, u, kg
 
 
 def state_recurrence(k, w, u, g_cs, *, initial_state=None, output_final_state=False,
-                     varlen=None, config: GDNConfig = DEFAULT_CONFIG):
+                     varlen=None, config: GDNConfig = DEFAULT_CONFIG, on_launch=None):
     """Stage 3: (h [num_chunks, HV, K, V] in k's dtype, v_new like u, final_state [N,HV,K,V] fp32 or None).
 
     Per-channel gates (g_cs [B,T,HV,K]): pass stage 2's kg as ``k`` (k's rstd already in it).
@@ -290,12 +288,12 @@ def state_recurrence(k, w, u, g_cs, *, initial_state=None, output_final_state=Fa
             H=H, HV=HV, K=K, V=V, BV=BV, BT=CHUNK_SIZE,
             IS_VARLEN=varlen is not None, PER_CHANNEL=g_cs.dim() == 4,
             USE_H0=initial_state is not None, STORE_HT=output_final_state, PREC=_precision(k.dtype),
-            PIECE=state_piece(cfg, K))
+            PIECE=state_piece(cfg, K), hooks=on_launch)
     return h, v_new, ht
 
 
 def chunk_output(q, k, v_new, h, g_cs, *, scale, rstd_k=None, ssq_k=None, fuse_q=False, varlen=None,
-                 config: GDNConfig = DEFAULT_CONFIG, aqk=None):
+                 config: GDNConfig = DEFAULT_CONFIG, aqk=None, on_launch=None):
     """Stage 4: o [B,T,HV,V] in v_new's dtype.
 
     Per-channel gates (g_cs [B,T,HV,K]): pass stage 1's ``aqk``; k is not read (may be None).
@@ -319,7 +317,8 @@ def chunk_output(q, k, v_new, h, g_cs, *, scale, rstd_k=None, ssq_k=None, fuse_q
                 *((n_grid, n_flags) if fixup else (None, None)),
                 H=H, HV=HV, K=K, V=V, BK=block(cfg.BK, K), BV=BV, BT=CHUNK_SIZE,
                 IS_VARLEN=varlen is not None, FUSE_Q=fuse_q, FUSE_K=fuse_k,
-                PER_CHANNEL=g_cs.dim() == 4, FIXUP=fixup, PREC=_precision(q.dtype), hooks=not fixup)
+                PER_CHANNEL=g_cs.dim() == 4, FIXUP=fixup, PREC=_precision(q.dtype),
+                hooks=None if fixup else on_launch)
     return o
 
 
@@ -348,7 +347,8 @@ def one_pass(config: GDNConfig, K: int, HV: int, tokens: int, longest: int) -> b
     return HV * tokens >= ONE_PASS_MIN_STREAMS * max(longest, 1)
 
 
-def chunk_aqk(q, k, g_cs, *, fuse_q=False, fuse_k=False, varlen=None, config: GDNConfig = DEFAULT_CONFIG):
+def chunk_aqk(q, k, g_cs, *, fuse_q=False, fuse_k=False, varlen=None, config: GDNConfig = DEFAULT_CONFIG,
+              on_launch=None):
     """One-pass stage 3a (GDN): (Aqk [B,T,HV,64] = causal(q k^T * exp(g_i - g_j)) per chunk, unscaled,
     c_q [B,T,HV,2] fp32 (each row's gate cumsum c and c + log2 of q's row rstd) under fuse_q, else None).
     Aqk is in q's dtype, fp32 under fuse_k with fp16 storage (raw k may leave fp16's range)."""
@@ -361,12 +361,12 @@ def chunk_aqk(q, k, g_cs, *, fuse_q=False, fuse_k=False, varlen=None, config: GD
     cfg = config.aqk
     _launch(aqk_kernel, (n_grid, B * HV), cfg, q, k, g_cs, aqk, c_q, *_varlen_args(varlen), T, NT,
             H=H, HV=HV, K=K, BK=block(cfg.BK, K), BT=CHUNK_SIZE, IS_VARLEN=varlen is not None, FUSE_Q=fuse_q,
-            PREC=_precision(q.dtype))
+            PREC=_precision(q.dtype), hooks=on_launch)
     return aqk, c_q
 
 
 def state_output(q, k, w, u, g_cs, aqk, c_q=None, *, scale, initial_state=None, output_final_state=False,
-                 varlen=None, config: GDNConfig = DEFAULT_CONFIG):
+                 varlen=None, config: GDNConfig = DEFAULT_CONFIG, on_launch=None):
     """One-pass stage 3b (GDN): (o [B,T,HV,V] in u's dtype, final_state [N,HV,K,V] fp32 or None): the state
     recurrence of :func:`state_recurrence` writing o as it goes, from :func:`chunk_aqk`'s Aqk (and c_q:
     q is raw, and the rows of q h take q's rstd from it)."""
@@ -381,7 +381,7 @@ def state_output(q, k, w, u, g_cs, aqk, c_q=None, *, scale, initial_state=None, 
             q, k, w, u, g_cs, aqk, c_q, o, initial_state, ht, None if varlen is None else varlen.cu_seqlens,
             float(scale), T, H=H, HV=HV, K=K, V=V, BV=BV, BT=CHUNK_SIZE, IS_VARLEN=varlen is not None,
             USE_H0=initial_state is not None, STORE_HT=output_final_state, FUSE_Q=c_q is not None,
-            PREC=_precision(k.dtype), PIECE=state_piece(cfg, K))
+            PREC=_precision(k.dtype), PIECE=state_piece(cfg, K), hooks=on_launch)
     return o, ht
 
 
@@ -421,23 +421,24 @@ def _check_inputs(q, k, v, g, beta, initial_state, cu_seqlens, norm, per_channel
 
 def chunk_gdn(q, k, v, g, beta, *, scale=None, initial_state=None, output_final_state=False,
               cu_seqlens=None, norm="flag", config: GDNConfig | None = None,
-              chunk_indices: VarlenInfo | None = None):
+              chunk_indices: VarlenInfo | None = None, on_launch=None):
     """Chunked Gated DeltaNet forward.  Returns (o [B,T,HV,V] in v's dtype, final_state or None).
 
-    ``chunk_indices``: a :class:`VarlenInfo` from :func:`prepare_varlen` (built here if omitted)."""
+    ``chunk_indices``: a :class:`VarlenInfo` from :func:`prepare_varlen` (built here if omitted).
+    ``on_launch(kernel, compiled)``: called after each kernel's launch (fix-up launches aside)."""
     _check_inputs(q, k, v, g, beta, initial_state, cu_seqlens, norm)
     with torch.no_grad():
         config = config or default_config(q.shape[-1], v.shape[-1], q.element_size())
         return _forward(q, k, v, g, beta, scale, initial_state, output_final_state, cu_seqlens, norm,
-                        config, chunk_indices)
+                        config, chunk_indices, on_launch=on_launch)
 
 
 def chunk_kda(q, k, v, g, beta, *, scale=None, initial_state=None, output_final_state=False,
               cu_seqlens=None, norm="flag", lower_bound=None, config: GDNConfig | None = None,
-              chunk_indices: VarlenInfo | None = None, check_gates: bool = True):
+              chunk_indices: VarlenInfo | None = None, check_gates: bool = True, on_launch=None):
     """Chunked Kimi Delta Attention forward.  Returns (o [B,T,HV,V] in v's dtype, final_state or None).
 
-    As :func:`chunk_gdn` (shapes, GVA, varlen, ``norm``, ``config``) but g [B,T,HV,K] is a
+    As :func:`chunk_gdn` (shapes, GVA, varlen, ``norm``, ``config``, ``on_launch``) but g [B,T,HV,K] is a
     per-channel natural-log decay: S = diag(exp(g_t)) S; S += k_t (beta_t (v_t - S^T k_t))^T.
 
     ``lower_bound`` states the bounded-gate contract g in [lower_bound, 0) with lower_bound in
@@ -459,7 +460,7 @@ def chunk_kda(q, k, v, g, beta, *, scale=None, initial_state=None, output_final_
             if lower_bound is None:
                 config = _unbounded_default(config)
         return _forward(q, k, v, g, beta, scale, initial_state, output_final_state, cu_seqlens, norm,
-                        config, chunk_indices, unbounded=lower_bound is None)
+                        config, chunk_indices, unbounded=lower_bound is None, on_launch=on_launch)
 
 
 def _unbounded_default(config: GDNConfig) -> GDNConfig:
@@ -480,7 +481,7 @@ def check_kda_gates(g: torch.Tensor, lower_bound: float) -> None:
 
 
 def _forward(q, k, v, g, beta, scale, initial_state, output_final_state, cu_seqlens, norm, config, chunk_indices,
-             unbounded=False):
+             unbounded=False, on_launch=None):
     K, V = q.shape[-1], v.shape[-1]
     per_channel = g.dim() == 4
     validate(config, K, V, q.element_size(), "kda" if per_channel else "gdn")
@@ -494,30 +495,27 @@ def _forward(q, k, v, g, beta, scale, initial_state, output_final_state, cu_seql
         initial_state = initial_state.to(torch.float32).contiguous()
 
     if norm in ("flag", "fused_q"):
-        k = l2norm(k, config.l2norm)
+        k = l2norm(k, config.l2norm, on_launch)
     if norm == "flag":
-        q = l2norm(q, config.l2norm)
+        q = l2norm(q, config.l2norm, on_launch)
     fuse_k, fuse_q = norm == "fused_qk", norm in ("fused_q", "fused_qk")
+    run = dict(varlen=varlen, config=config, on_launch=on_launch)  # every stage's
 
     if per_channel:
-        g_cs, A, aqk, rstd_k = kda_intra(q, k, g, beta, varlen=varlen, fuse_k=fuse_k, raw_q=fuse_q,
-                                         unbounded=unbounded, config=config)
-        w, u, kg = recompute_wu(k, v, beta, A, g_cs, rstd_k=rstd_k, varlen=varlen, config=config)
+        g_cs, A, aqk, rstd_k = kda_intra(q, k, g, beta, fuse_k=fuse_k, raw_q=fuse_q, unbounded=unbounded, **run)
+        w, u, kg = recompute_wu(k, v, beta, A, g_cs, rstd_k=rstd_k, **run)
         h, v_new, final_state = state_recurrence(kg, w, u, g_cs, initial_state=initial_state,
-                                                 output_final_state=output_final_state, varlen=varlen,
-                                                 config=config)
-        o = chunk_output(q, None, v_new, h, g_cs, scale=scale, fuse_q=fuse_q, varlen=varlen, config=config,
-                         aqk=aqk)
+                                                 output_final_state=output_final_state, **run)
+        o = chunk_output(q, None, v_new, h, g_cs, scale=scale, fuse_q=fuse_q, aqk=aqk, **run)
         return o, final_state
-    g_cs, A, rstd_k, ssq_k = gram_solve(k, g, beta, varlen=varlen, fuse_k=fuse_k, config=config)
-    w, u, _ = recompute_wu(k, v, beta, A, g_cs, rstd_k=rstd_k, varlen=varlen, config=config)
+    g_cs, A, rstd_k, ssq_k = gram_solve(k, g, beta, fuse_k=fuse_k, **run)
+    w, u, _ = recompute_wu(k, v, beta, A, g_cs, rstd_k=rstd_k, **run)
     B, T, HV = beta.shape
     if one_pass(config, K, HV, B * T, T if varlen is None else varlen.max_len):
-        aqk, c_q = chunk_aqk(q, k, g_cs, fuse_q=fuse_q, fuse_k=fuse_k, varlen=varlen, config=config)
+        aqk, c_q = chunk_aqk(q, k, g_cs, fuse_q=fuse_q, fuse_k=fuse_k, **run)
         return state_output(q, k, w, u, g_cs, aqk, c_q, scale=scale, initial_state=initial_state,
-                            output_final_state=output_final_state, varlen=varlen, config=config)
+                            output_final_state=output_final_state, **run)
     h, v_new, final_state = state_recurrence(k, w, u, g_cs, initial_state=initial_state,
-                                             output_final_state=output_final_state, varlen=varlen, config=config)
-    o = chunk_output(q, k, v_new, h, g_cs, scale=scale, rstd_k=rstd_k, ssq_k=ssq_k, fuse_q=fuse_q, varlen=varlen,
-                     config=config)
+                                             output_final_state=output_final_state, **run)
+    o = chunk_output(q, k, v_new, h, g_cs, scale=scale, rstd_k=rstd_k, ssq_k=ssq_k, fuse_q=fuse_q, **run)
     return o, final_state

@@ -4,35 +4,22 @@ Roots (gdnbench.paths): autotune writes to the per-user cache (<cache>/tuned, or
 reads the user cache first, then the winners shipped in the package (kernels/tuned_configs/), or
 only --cache-dir when given. Same keys in both: a shipped entry is used exactly where a user's would be.
 
-An entry holds one search of one kernel on one shape key; it is used only where its whole
-key matches the machine and the code:
+An entry holds one search of one kernel on one shape key; it is used only where its whole key
+(gdnbench.kernels.cache_key: machine, Triton, kernel source hash, shape key, variant) matches the
+machine and the code. An entry whose source hash or Triton version no longer matches is ignored
+with a warning (a new ``gdnbench autotune`` replaces it). ``variant``: which specialization of the
+kernel ran (``plain``; ``fuse_k`` for the k-norm folded into gram/kda_intra/wu under fused_qk (the
+state kernel runs plain: GDN's v_new carries k's rstd, KDA's kg does); ``fused_q`` / ``fused_qk`` for
+output_fused; ``fused_q`` for aqk and state_out under both fused routes (their FUSE_Q form)).
 
-- ``gpu`` (device name) and ``compute_capability``: another chip has other limits;
-- ``triton``: another compiler makes other code from the same config;
-- ``source_hash``: sha256 of the source of the kernel's jit functions and of every module-level
-  definition they reach by name (helpers, constants; ``from .common import`` followed), so an
-  edit makes stale the entries of exactly the kernels whose code it touches: they are ignored
-  with a warning (a new ``gdnbench autotune`` replaces them);
-- ``shape_key``: the family (``gdn_`` / ``kda_`` prefix: KDA runs other specializations of the
-  shared kernels, with per-channel gates), K, V, H, HV, storage dtype, fixed or varlen (the
-  kernels compile separately for each), and the token count rounded up to a power of two (the
-  grid size that decides occupancy; shapes within a factor of two share their tuning), e.g.
-  ``kda_K128_V128_H96_HV96_bfloat16_fixed_T8192``;
-- ``variant``: which specialization of the kernel ran (``plain``; ``fuse_k`` for the k-norm
-  folded into gram/kda_intra/wu under fused_qk (the state kernel runs plain: GDN's v_new carries
-  k's rstd, KDA's kg does); ``fused_q`` / ``fused_qk`` for output_fused; ``fused_q`` for aqk and
-  state_out under both fused routes (their FUSE_Q form)).
-
-No torch import here; :func:`device_env` imports it lazily.
+No torch import here.
 """
 
 from __future__ import annotations
 
-import ast
 import contextlib
 import dataclasses
 import functools
-import hashlib
 import json
 import os
 import warnings
@@ -41,21 +28,11 @@ from pathlib import Path
 from ..data.results import slug, write_atomic
 from ..paths import SHIPPED_TUNED_DIR, tuned_read_dirs, user_tuned_dir
 from ..vocab import ROUTES, dtype_bytes
+# source_hash, KERNEL_FUNCTIONS and KERNELS stay importable from here: `python -m gdnbench.autotune.rekey`
+# reads them from this tree and from older ones, which have no cache_key module
+from .cache_key import KERNEL_FUNCTIONS, CacheKey, shape_key, source_hash  # noqa: F401
 
 CACHE_SCHEMA = 1
-KERNEL_DIR = Path(__file__).resolve().parent
-# the jit functions each tuned kernel launches: (module in kernels/, function names)
-KERNEL_FUNCTIONS = {
-    "l2norm": ("common.py", ("l2norm_kernel",)),
-    "gram": ("intra.py", ("gram_solve_kernel",)),
-    "kda_intra": ("intra.py", ("kda_cumsum_kernel", "kda_intra_kernel")),
-    "wu": ("intra.py", ("wu_kernel",)),
-    "state": ("state.py", ("state_kernel",)),
-    "output": ("output.py", ("output_kernel",)),
-    "output_fused": ("output.py", ("output_kernel",)),
-    "aqk": ("state_out.py", ("aqk_kernel",)),
-    "state_out": ("state_out.py", ("state_out_kernel",)),
-}
 KERNELS = tuple(KERNEL_FUNCTIONS)
 # the stage kernels each route launches, per family (explicit runs the same kernels as flag);
 # KDA runs kda_intra where GDN runs gram and shares the others; GDN's explicit and flag routes run
@@ -94,84 +71,6 @@ def variant_of(kernel: str, route: str, family: str = "gdn") -> str:
     return "plain"
 
 
-@functools.lru_cache(maxsize=None)
-def _module_defs(module: str) -> dict[str, tuple[str, str, ast.AST]]:
-    """Module-level name -> (module, source text, node) of one file in kernels/, names imported
-    with ``from .x import`` resolved to their defining module."""
-    text = (KERNEL_DIR / module).read_text()
-    defs = {}
-    for node in ast.parse(text).body:
-        if isinstance(node, ast.ImportFrom) and node.level == 1 and node.module:
-            other = _module_defs(node.module + ".py")
-            defs.update({a.asname or a.name: other[a.name] for a in node.names if a.name in other})
-        elif isinstance(node, (ast.FunctionDef, ast.Assign, ast.AnnAssign)):
-            targets = [node.name] if isinstance(node, ast.FunctionDef) else [
-                t.id for t in (node.targets if isinstance(node, ast.Assign) else [node.target])
-                if isinstance(t, ast.Name)]
-            for name in targets:
-                defs[name] = (module, ast.get_source_segment(text, node), node)
-    return defs
-
-
-@functools.lru_cache(maxsize=None)
-def source_hash(kernel: str) -> str:
-    """sha256 over the source of ``kernel``'s jit functions and every module-level definition
-    they reach by name, transitively (see KERNEL_FUNCTIONS)."""
-    module, roots = KERNEL_FUNCTIONS[kernel]
-    seen, todo = {}, [(module, name) for name in roots]
-    while todo:
-        where, name = todo.pop()
-        found = _module_defs(where).get(name)
-        if found is None or found[:2] in seen:
-            continue
-        seen[found[:2]] = name
-        todo += [(found[0], n.id) for n in ast.walk(found[2]) if isinstance(n, ast.Name)]
-    h = hashlib.sha256()
-    for (where, text), name in sorted(seen.items()):
-        h.update(f"{where}:{name}".encode() + b"\0" + text.encode() + b"\0")
-    return "sha256:" + h.hexdigest()
-
-
-def token_bucket(tokens: int) -> int:
-    """The token count rounded up to a power of two (at least one chunk, 64)."""
-    b = 64
-    while b < tokens:
-        b *= 2
-    return b
-
-
-def shape_key(shape) -> str:
-    """The part of a shape that tuning depends on, as one string (see the module docstring)."""
-    mix = "varlen" if shape.varlen else "fixed"
-    return (f"{shape.family}_K{shape.K}_V{shape.V}_H{shape.H}_HV{shape.HV}_{shape.dtype}_{mix}"
-            f"_T{token_bucket(shape.tokens)}")
-
-
-def normalize_env(env: dict) -> dict:
-    """{gpu, compute_capability, triton} from a device_env() dict or a results.capture_env() dict."""
-    if isinstance(env.get("gpu"), dict):  # capture_env's layout
-        return {"gpu": env["gpu"].get("name"), "compute_capability": env["gpu"].get("compute_capability"),
-                "triton": env.get("versions", {}).get("triton")}
-    return {k: env.get(k) for k in ("gpu", "compute_capability", "triton")}
-
-
-@functools.lru_cache(maxsize=None)
-def device_env(index: int = 0) -> dict | None:
-    """The tuning identity of CUDA device ``index``; None without CUDA."""
-    import torch
-    import triton
-
-    if not torch.cuda.is_available():
-        return None
-    p = torch.cuda.get_device_properties(index)
-    return {"gpu": p.name, "compute_capability": f"{p.major}.{p.minor}", "triton": triton.__version__}
-
-
-def entry_key(env: dict, kernel: str, shape, variant: str) -> dict:
-    env = normalize_env(env)
-    return {**env, "source_hash": source_hash(kernel), "shape_key": shape_key(shape), "variant": variant}
-
-
 def read_dirs(cache_dir=None) -> list[Path]:
     """The roots a lookup reads, in order: ``cache_dir`` (a path or a list of paths) when given, else
     the user cache then the shipped winners."""
@@ -187,11 +86,6 @@ def write_dir(cache_dir: Path | None = None) -> Path:
 
 def cache_path(cache_dir: Path, gpu_name: str, kernel: str) -> Path:
     return Path(cache_dir) / slug(gpu_name, empty="unknown") / f"{kernel}.json"
-
-
-def _identity(key: dict) -> tuple:
-    """What a new entry replaces: same machine, shape and variant, whatever the source hash."""
-    return tuple(key.get(k) for k in ("gpu", "compute_capability", "triton", "shape_key", "variant"))
 
 
 @functools.lru_cache(maxsize=64)
@@ -242,8 +136,9 @@ def save_entry(cache_dir: Path | None, entry: dict) -> Path:
     identity."""
     key = entry["key"]
     path = cache_path(write_dir(cache_dir), key["gpu"], entry["kernel"])
+    same = CacheKey.from_dict(key).identity()
     with _locked(path):
-        kept = [e for e in _read_fresh(path) if _identity(e.get("key", {})) != _identity(key)]
+        kept = [e for e in _read_fresh(path) if CacheKey.from_dict(e.get("key", {})).identity() != same]
         doc = {"schema": CACHE_SCHEMA, "kernel": entry["kernel"], "entries": kept + [entry]}
         return write_atomic(doc, path)
 
@@ -252,17 +147,18 @@ def find_entry(cache_dir, env: dict, kernel: str, shape, variant: str) -> dict |
     """The matching entry of the first root (read_dirs) holding one, or None. When none matches,
     entries for this GPU and shape whose source hash or Triton version differ are reported with a
     StaleEntry warning."""
-    want = entry_key(env, kernel, shape, variant)
+    want = CacheKey.of(env, kernel, shape, variant)
     stale = []
     for root in read_dirs(cache_dir):
-        for e in load_entries(cache_path(root, want["gpu"] or "unknown", kernel)):
-            key = e.get("key", {})
+        for e in load_entries(cache_path(root, want.machine.gpu or "unknown", kernel)):
+            key = CacheKey.from_dict(e.get("key", {}))
             if key == want:
                 return e
-            if all(key.get(k) == want[k] for k in ("gpu", "compute_capability", "shape_key", "variant")):
-                stale.append("source hash" if key.get("source_hash") != want["source_hash"] else "Triton version")
+            what = want.stale_part(key)
+            if what is not None:
+                stale.append(what)
     for what in dict.fromkeys(stale):
-        warnings.warn(f"tuned {kernel} [{variant}] for {want['shape_key']} ignored: kernel {what} changed "
+        warnings.warn(f"tuned {kernel} [{variant}] for {want.shape_key} ignored: kernel {what} changed "
                       f"since it was tuned; re-run gdnbench autotune", StaleEntry, stacklevel=2)
     return None
 
