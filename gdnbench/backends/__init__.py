@@ -42,6 +42,18 @@ def _gdnbench_default():
     return GdnbenchDefaultBackend()
 
 
+def _gdnbench_fusedwu():
+    from .gdnbench_inloop import GdnbenchFusedWuBackend
+
+    return GdnbenchFusedWuBackend()
+
+
+def _gdnbench_fusedwu_aqk():
+    from .gdnbench_inloop import GdnbenchFusedWuAqkBackend
+
+    return GdnbenchFusedWuAqkBackend()
+
+
 def _helion():
     from .helion import HelionBackend
 
@@ -63,6 +75,8 @@ def _flashinfer():
 REGISTRY = {
     "gdnbench": _gdnbench,
     "gdnbench-default": _gdnbench_default,
+    "gdnbench-fusedwu": _gdnbench_fusedwu,
+    "gdnbench-fusedwu-aqk": _gdnbench_fusedwu_aqk,
     "fla": _fla,
     "fla-dispatch": _fla_dispatch,
     "flashqla": _flashqla,

@@ -90,7 +90,7 @@ class GDNConfig:
     # implies the one-pass path on every shape
     in_loop: str | None = None
     # the one-pass loop of `in_loop`, per (V block, sequence*head), K in pieces of BK rows as in `state`
-    fused_out: KernelConfig = field(default_factory=lambda: KernelConfig(BV=32, num_warps=4, num_stages=2))
+    fused_out: KernelConfig = field(default_factory=lambda: KernelConfig(BV=32, num_warps=4, num_stages=3))
     # KDA only: per-channel gate cumsum (g_cs, times log2 e), per (chunk, head, K block)
     kda_cumsum: KernelConfig = field(default_factory=lambda: KernelConfig(BK=64, num_warps=4, num_stages=1))
     # KDA only: gated K K^T and Q K^T grams from g_cs, (I + A)^-1 solve, per (chunk, head, gram).
@@ -150,11 +150,15 @@ def _smem_estimate(name: str, c, K: int, V: int, elt: int, family: str = "gdn") 
         # q, k and (fused routes) q again per stage; fp32 K 128 BK 64, 2 stages: 65536 B plain, 98304 fused
         return st * 3 * BT * block(c.BK, K) * elt + BT * BT * 4
     if name == "fused_out":
-        # the q and k tiles of every piece, the A, Aqk and v tiles, per stage after the first (state_out's form,
-        # two tiles per piece where state_out has three); see offline_fused.py for the compiled sizes
+        # the q and k tiles of every piece and the A, Aqk and v tiles per stage after the first, and, pipelined
+        # (2+ stages), 16-bit staging of about two [BT, K] tiles.  44 offline sm_90 compiles (Triton 3.6, K 64 /
+        # 128, BV 16-64, 1-3 stages, both in_loop forms): pipelined, bf16 took 29-160 KB, each at or below this
+        # (1.03-1.07x at K = V = 128, BV 32, form wu), fp32 57-124 KB, 1.4-2.2x below; at 1 stage 20-33 KB
+        # (bf16 K 128: 28672 B against 24576 here).  fp32 K 128 at 3 stages (~270 KB here) is refused untried
         bv, piece = block(c.BV, V), state_piece(c, K)
         per_stage = cdiv(K, piece) * 2 * BT * piece * elt + 2 * BT * BT * elt + BT * bv * elt
-        return BT * BT * 4 + 2 * BT * bv * elt + (st - 1) * per_stage
+        staging = 2 * BT * next_pow2(K) * 2 + 4096 if st > 1 else 0
+        return BT * BT * 4 + 2 * BT * bv * elt + (st - 1) * per_stage + staging
     if name == "state_out":
         # the w, q and k tiles of every piece, the Aqk and u tiles, per stage after the first; calibrated on
         # 48 offline sm_90 compiles (Triton 3.6), validate's verdict matching each compiled size: fp32 K 128
