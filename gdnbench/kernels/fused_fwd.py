@@ -11,8 +11,10 @@ update reads anyway; A x ([64, 64] x [64, BV]) is the one product added per chun
 proportional to the V slab, so a program that owns a [K, BV] slab repeats nothing across the V slabs
 except loads of A and k, which the slabs of one head share through L2; recomputing w per slab would
 repeat a [64, 64] x [64, K] product per slab (four times at BV 32), and owning the whole V (BV = V, as
-FlashQLA does) keeps a [K, V] fp32 state in registers (128 per thread at 4 warps for K = V = 128) and
-leaves 4 x fewer programs than state_out has (h16_hv32_fixed8k: 32 programs for 132 SMs).
+FlashQLA does) keeps a [K, V] fp32 state in registers (128 per thread at 4 warps for K = V = 128; offline,
+sm_90, Triton 3.6: 136 B of stack at 8 warps, 840 at 16) and leaves 4 x fewer programs than state_out has
+(h16_hv32_fixed8k: 32 programs for 132 SMs).  BV 32 at 4 warps and 3 stages: 152-174 registers, no stack,
+160 KB of shared memory (results/offline-sm90/in_loop_sweep.md).
 
 IN_LOOP_AQK: the chunk's gated causal q k^T is accumulated from the q and k tiles the loop loads for q h
 and k h, so aqk_kernel goes too (one [64, K] x [K, 64] product per chunk and V slab, repeated per slab).
