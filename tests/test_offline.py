@@ -46,3 +46,17 @@ def test_specialization_names_set_flags():
 def test_bad_arch_is_exit_2(capsys):
     assert offline.main(["--arch", "sm_100,sm_80"]) == 2
     assert "'sm_80'" in capsys.readouterr().err
+
+
+def test_spills_verdict():
+    assert _row(local_bytes=8).verdict == "spills"
+    assert _row(local_bytes=8, shared_bytes=LIMIT + 1).verdict == "over shared"
+
+
+def test_routes_cover_the_in_loop_forms():
+    labels = [r[0] for r in offline.routes()]
+    assert "gdn flag 1-pass in-loop wu" in labels and "gdn none varlen 1-pass in-loop wu_aqk" in labels
+    assert "gdn fused_qk 1-pass in-loop wu" in labels
+    assert not any("fused" in label and "wu_aqk" in label for label in labels)  # refused by ops
+    assert not any(label.startswith("kda") and "in-loop" in label for label in labels)
+    assert len(offline.IN_LOOP_CANDIDATES) == len(set(offline.IN_LOOP_CANDIDATES))

@@ -42,6 +42,18 @@ def _gdnbench_default(options: BackendOptions):
     return GdnbenchDefaultBackend()
 
 
+def _gdnbench_fusedwu(options: BackendOptions):
+    from .gdnbench_inloop import GdnbenchFusedWuBackend
+
+    return GdnbenchFusedWuBackend()
+
+
+def _gdnbench_fusedwu_aqk(options: BackendOptions):
+    from .gdnbench_inloop import GdnbenchFusedWuAqkBackend
+
+    return GdnbenchFusedWuAqkBackend()
+
+
 def _helion(options: BackendOptions):
     from .helion import HelionBackend
 
@@ -63,6 +75,8 @@ def _flashinfer(options: BackendOptions):
 REGISTRY = {
     "gdnbench": _gdnbench,
     "gdnbench-default": _gdnbench_default,
+    "gdnbench-fusedwu": _gdnbench_fusedwu,
+    "gdnbench-fusedwu-aqk": _gdnbench_fusedwu_aqk,
     "fla": _fla,
     "fla-dispatch": _fla_dispatch,
     "flashqla": _flashqla,

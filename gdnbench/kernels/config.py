@@ -29,6 +29,7 @@ SMEM_LIMIT_BYTES = 227 * 1024  # Hopper (H100/H200) opt-in shared memory per blo
 REGISTERS_PER_SM = 64 * 1024  # 32-bit registers per SM (and per block) on sm_70..sm_100
 
 ONE_PASS_MAX_K = 128  # GDN's one-pass path (aqk + state_out) is built and measured up to K = 128
+IN_LOOP_FORMS = (None, "wu", "wu_aqk")  # GDNConfig.in_loop
 _BLOCKS = (16, 32, 64, 128, 256)
 _WARPS = (1, 2, 4, 8, 16)
 
@@ -83,6 +84,13 @@ class GDNConfig:
     state_out: KernelConfig = field(default_factory=lambda: KernelConfig(BV=32, num_warps=4, num_stages=3))
     # GDN: True / False force the one-pass path on / off; None lets ops.one_pass decide per call
     one_pass: bool | None = None
+    # GDN, opt-in (kernels/fused_fwd.py): what the one-pass loop computes itself instead of reading it from an
+    # earlier kernel.  None: w, u (wu_kernel) and Aqk (aqk_kernel) are read; "wu": w h and u from A in the
+    # loop, no wu_kernel; "wu_aqk": q k^T in the loop too, no aqk_kernel (norm none / flag only).  Set, it
+    # implies the one-pass path on every shape
+    in_loop: str | None = None
+    # the one-pass loop of `in_loop`, per (V block, sequence*head), K in pieces of BK rows as in `state`
+    fused_out: KernelConfig = field(default_factory=lambda: KernelConfig(BV=32, num_warps=4, num_stages=3))
     # KDA only: per-channel gate cumsum (g_cs, times log2 e), per (chunk, head, K block)
     kda_cumsum: KernelConfig = field(default_factory=lambda: KernelConfig(BK=64, num_warps=4, num_stages=1))
     # KDA only: gated K K^T and Q K^T grams from g_cs, (I + A)^-1 solve, per (chunk, head, gram).
@@ -141,6 +149,16 @@ def _smem_estimate(name: str, c, K: int, V: int, elt: int, family: str = "gdn") 
     if name == "aqk":
         # q, k and (fused routes) q again per stage; fp32 K 128 BK 64, 2 stages: 65536 B plain, 98304 fused
         return st * 3 * BT * block(c.BK, K) * elt + BT * BT * 4
+    if name == "fused_out":
+        # the q and k tiles of every piece and the A, Aqk and v tiles per stage after the first, and, pipelined
+        # (2+ stages), 16-bit staging of about two [BT, K] tiles.  44 offline sm_90 compiles (Triton 3.6, K 64 /
+        # 128, BV 16-64, 1-3 stages, both in_loop forms): pipelined, bf16 took 29-160 KB, each at or below this
+        # (1.03-1.07x at K = V = 128, BV 32, form wu), fp32 57-124 KB, 1.4-2.2x below; at 1 stage 20-33 KB
+        # (bf16 K 128: 28672 B against 24576 here).  fp32 K 128 at 3 stages (~270 KB here) is refused untried
+        bv, piece = block(c.BV, V), state_piece(c, K)
+        per_stage = cdiv(K, piece) * 2 * BT * piece * elt + 2 * BT * BT * elt + BT * bv * elt
+        staging = 2 * BT * next_pow2(K) * 2 + 4096 if st > 1 else 0
+        return BT * BT * 4 + 2 * BT * bv * elt + (st - 1) * per_stage + staging
     if name == "state_out":
         # the w, q and k tiles of every piece, the Aqk and u tiles, per stage after the first; calibrated on
         # 48 offline sm_90 compiles (Triton 3.6), validate's verdict matching each compiled size: fp32 K 128
@@ -171,7 +189,7 @@ def _codegen_hazard(name: str, c, K: int, V: int, elt: int) -> str | None:
     them 44 sanitizer runs (heads 16..256, both families, fp32/bf16/fp16) were clean."""
     if name == "wu" and elt == 4 and c.num_warps > 4 and min(block(c.BK, K), block(c.BV, V)) <= 16:
         return "fp32 w/u at a 16-wide block needs num_warps <= 4"
-    if name in ("output", "output_fused", "state_out") and block(c.BV, V) <= 16 and c.num_warps > 2:
+    if name in ("output", "output_fused", "state_out", "fused_out") and block(c.BV, V) <= 16 and c.num_warps > 2:
         # state_out ends each chunk with the same [64, 64] x [64, BV] dot (not measured there: the rule's reach)
         return "the output kernels at a 16-wide V block need num_warps <= 2"
     return None
@@ -190,6 +208,8 @@ def validate(config: GDNConfig, K: int, V: int, dtype_bytes: int = 2, family: st
         raise ValueError(f"config must be a GDNConfig, got {type(config).__name__}")
     if config.one_pass not in (None, True, False):
         raise ValueError(f"config.one_pass={config.one_pass!r} must be None, True or False")
+    if config.in_loop not in IN_LOOP_FORMS:
+        raise ValueError(f"config.in_loop={config.in_loop!r} must be one of {IN_LOOP_FORMS}")
     try:
         _check_cached(config, K, V, dtype_bytes, family)
     except TypeError:  # a field holding an unhashable value: check it uncached (it fails there)
@@ -204,11 +224,16 @@ def _check(config: GDNConfig, K: int, V: int, dtype_bytes: int, family: str) -> 
             raise ValueError(f"{name}={dim} must be in [16, {MAX_HEAD_DIM}]")
     needs = {"l2norm": (), "gram": ("BK",), "wu": ("BK", "BV"), "state": ("BV",), "output": ("BK", "BV"),
              "output_fused": ("BK", "BV"), "kda_cumsum": ("BK",), "kda_intra": ("BK",), "aqk": ("BK",),
-             "state_out": ("BV",)}
+             "state_out": ("BV",), "fused_out": ("BV",)}
     if family != "gdn" or K > ONE_PASS_MAX_K:
         if config.one_pass:
             raise ValueError(f"config.one_pass=True needs GDN with K <= {ONE_PASS_MAX_K}, got {family} K={K}")
-        del needs["aqk"], needs["state_out"]
+        if config.in_loop:
+            raise ValueError(f"config.in_loop={config.in_loop!r} needs GDN with K <= {ONE_PASS_MAX_K}, "
+                             f"got {family} K={K}")
+        del needs["aqk"], needs["state_out"], needs["fused_out"]
+    if config.in_loop and config.one_pass is False:
+        raise ValueError(f"config.in_loop={config.in_loop!r} is a one-pass form: one_pass=False contradicts it")
     for name, blocks in needs.items():
         c = getattr(config, name)
         want = L2NormConfig if name == "l2norm" else KernelConfig
@@ -218,7 +243,7 @@ def _check(config: GDNConfig, K: int, V: int, dtype_bytes: int, family: str) -> 
             val = getattr(c, b)
             if val not in _BLOCKS:
                 raise ValueError(f"config.{name}.{b}={val!r} must be one of {_BLOCKS}")
-        if name in ("state", "state_out") and c.BK is not None:
+        if name in ("state", "state_out", "fused_out") and c.BK is not None:
             if c.BK not in _BLOCKS:
                 raise ValueError(f"config.{name}.BK={c.BK!r} must be None or one of {_BLOCKS}")
             if cdiv(K, state_piece(c, K)) > 4:
@@ -255,7 +280,8 @@ def default_config(K: int, V: int, dtype_bytes: int = 2, family: str = "gdn") ->
     The defaults are tuned for K = V = 128 in 16-bit storage; there the 3-stage state kernel
     is 1.6x faster than 2 stages, but at K = 256 with fp32 storage it does not fit."""
     cfg = DEFAULT_CONFIG
-    for name in ("gram", "wu", "state", "output", "output_fused", "kda_cumsum", "kda_intra", "aqk", "state_out"):
+    for name in ("gram", "wu", "state", "output", "output_fused", "kda_cumsum", "kda_intra", "aqk", "state_out",
+                 "fused_out"):
         c = getattr(cfg, name)
         while c.num_stages > 1 and _smem_estimate(name, c, K, V, dtype_bytes, family) > SMEM_LIMIT_BYTES:
             c = dataclasses.replace(c, num_stages=c.num_stages - 1)

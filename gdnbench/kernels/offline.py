@@ -3,7 +3,7 @@ sm_103) at its default config, and report registers, local (spill/stack) bytes a
 against the per-block limit.  Nothing runs: the check that a kernel builds and fits on a device we
 do not have.
 
-    python -m gdnbench.kernels.offline --arch sm_100,sm_90 [--out FILE.md]
+    python -m gdnbench.kernels.offline --arch sm_100,sm_90 [--out FILE.md] [--in-loop-sweep]
 
 Each route (GDN and KDA; norm none / flag / fused_q / fused_qk; fixed and varlen; GDN's two-pass
 and one-pass paths) runs on small CPU tensors with the op's launches intercepted; each launch is
@@ -11,6 +11,8 @@ compiled through the kernel's own JIT path (``warmup``) under a stand-in driver 
 target, so the argument specialization (constexprs, 16-byte divisibility) is the one a real launch
 of this shape gets.  Registers and local bytes are read from the cubin with the wheel's cuobjdump;
 shared bytes are Triton's ``metadata.shared``, which its launcher checks against the device limit.
+A kernel with local bytes (its stack frame, where spills go) is "spills".  ``--in-loop-sweep`` compiles
+GDN's opt-in in_loop kernel (kernels/fused_fwd.py) at a list of candidate configs instead.
 CPU-heavy (tens of compiles): a tool, not a test.
 """
 
@@ -30,7 +32,7 @@ ARCHS = {"sm_90": 90, "sm_100": 100, "sm_103": 103}
 # opt-in shared memory per block: 227 KB on H100/H200 (sm_90) and B200/GB200/B300/GB300 (sm_100/sm_103)
 SMEM_LIMIT = {90: 232448, 100: 232448, 103: 232448}
 REGISTERS_PER_BLOCK = 64 * 1024
-FLAGS = ("IS_VARLEN", "PER_CHANNEL", "FUSE_Q", "FUSE_K", "FIXUP", "DOT_BF16", "USE_H0", "STORE_HT")
+FLAGS = ("IS_VARLEN", "PER_CHANNEL", "FUSE_Q", "FUSE_K", "FIXUP", "DOT_BF16", "USE_H0", "STORE_HT", "IN_LOOP_AQK")
 
 
 @dataclass(frozen=True)
@@ -56,6 +58,8 @@ class Row:
             return "over shared"
         if self.registers * self.threads > REGISTERS_PER_BLOCK:
             return "over registers"
+        if self.local_bytes:
+            return "spills"
         return "fits"
 
 
@@ -95,13 +99,31 @@ def target_driver(arch: int):
 
 
 def routes():
-    """(label, family, norm, varlen, one_pass) of every route whose kernels differ in specialization."""
+    """(label, family, norm, varlen, one_pass, in_loop) of every route whose kernels differ in specialization;
+    GDN's one-pass path also in its opt-in in_loop forms ("wu_aqk" takes norm none / flag only)."""
     for family in ("gdn", "kda"):
         for norm in ("none", "flag", "fused_q", "fused_qk"):
             for varlen in (False, True):
-                for one_pass in ((False, True) if family == "gdn" else (None,)):
+                paths = [(None, None)]
+                if family == "gdn":
+                    paths = [(False, None), (True, None), (True, "wu")]
+                    paths += [(True, "wu_aqk")] if norm in ("none", "flag") else []
+                for one_pass, in_loop in paths:
                     path = "" if one_pass is None else (" 1-pass" if one_pass else " 2-pass")
-                    yield f"{family} {norm}{' varlen' if varlen else ''}{path}", family, norm, varlen, one_pass
+                    path += f" in-loop {in_loop}" if in_loop else ""
+                    yield (f"{family} {norm}{' varlen' if varlen else ''}{path}", family, norm, varlen, one_pass,
+                           in_loop)
+
+
+def _recording(ops):
+    """(launches, label cell, restore): ops._launch intercepted, each launch recorded under the label."""
+    launches, label = [], [""]
+
+    def intercept(kernel, grid, cfg, *args, hooks=True, **kwargs):
+        launches.append((label[0], kernel, grid, cfg, args, kwargs))
+
+    real, ops._launch = ops._launch, intercept
+    return launches, label, lambda: setattr(ops, "_launch", real)
 
 
 def record(K: int = 128, V: int = 128) -> list:
@@ -109,21 +131,40 @@ def record(K: int = 128, V: int = 128) -> list:
     import torch
 
     from . import ops
-    launches, label = [], [""]
-
-    def intercept(kernel, grid, cfg, *args, hooks=True, **kwargs):
-        launches.append((label[0], kernel, grid, cfg, args, kwargs))
-
-    real, ops._launch = ops._launch, intercept
+    launches, label, restore = _recording(ops)
     try:
-        for label[0], family, norm, varlen, one_pass in routes():
-            _run_route(ops, torch, family, norm, varlen, one_pass, K, V)
+        for label[0], family, norm, varlen, one_pass, in_loop in routes():
+            _run_route(ops, torch, family, norm, varlen, one_pass, K, V, in_loop=in_loop)
     finally:
-        ops._launch = real
+        restore()
     return launches
 
 
-def _run_route(ops, torch, family, norm, varlen, one_pass, K, V, H=4, HV=8):
+# candidate configs of the in_loop kernel (fused_state_out_kernel) for --in-loop-sweep: (BK, BV, warps, stages)
+IN_LOOP_CANDIDATES = ((None, 32, 4, 2), (None, 32, 4, 3), (128, 32, 4, 2), (128, 32, 4, 3), (None, 64, 4, 2),
+                      (None, 64, 8, 2), (None, 64, 8, 3), (128, 64, 8, 2), (None, 128, 8, 2), (None, 128, 16, 2))
+
+
+def record_in_loop_sweep(K: int = 128, V: int = 128) -> list:
+    """The launches of fused_state_out_kernel, both in_loop forms, norm flag, fixed length, at each of
+    IN_LOOP_CANDIDATES (bf16, nothing run)."""
+    import torch
+
+    from . import ops
+    from .config import KernelConfig
+    launches, label, restore = _recording(ops)
+    try:
+        for form in ("wu", "wu_aqk"):
+            for bk, bv, warps, stages in IN_LOOP_CANDIDATES:
+                label[0] = f"gdn flag 1-pass in-loop {form} BK={bk} BV={bv}"
+                cfg = KernelConfig(BK=bk, BV=bv, num_warps=warps, num_stages=stages)
+                _run_route(ops, torch, "gdn", "flag", False, True, K, V, in_loop=form, fused_out=cfg)
+    finally:
+        restore()
+    return [x for x in launches if x[1].fn.__name__ == "fused_state_out_kernel"]
+
+
+def _run_route(ops, torch, family, norm, varlen, one_pass, K, V, H=4, HV=8, in_loop=None, fused_out=None):
     lens = [96, 160] if varlen else None  # T = 256 either way (a multiple of 16, like most real T)
     T, N = 256, (len(lens) if lens else 1)
     bf = torch.bfloat16
@@ -138,7 +179,8 @@ def _run_route(ops, torch, family, norm, varlen, one_pass, K, V, H=4, HV=8):
                       config=config)
     else:
         g = -torch.rand(1, T, HV)
-        config = dataclasses.replace(config, one_pass=one_pass)
+        config = dataclasses.replace(config, one_pass=one_pass, in_loop=in_loop,
+                                     fused_out=fused_out or config.fused_out)
         ops.chunk_gdn(q, k, v, g, beta, initial_state=h0, output_final_state=True, cu_seqlens=cu, norm=norm,
                       config=config)
 
@@ -151,17 +193,19 @@ def _options(cfg) -> dict:
 
 
 def resource_usage(cubin: bytes) -> tuple[int, int]:
-    """(registers, local bytes per thread) of a cubin's one kernel, from the Triton wheel's cuobjdump."""
+    """(registers, local bytes per thread: stack frame, where spills go, plus local arrays) of a cubin's one
+    kernel, from the Triton wheel's cuobjdump.  Its LOCAL alone stays 0 for a spilling kernel: fp32
+    fused_state_out_kernel at BV 16 printed REG:32 STACK:14192 LOCAL:0."""
     import triton
     tool = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "cuobjdump")
     with tempfile.NamedTemporaryFile("wb", suffix=".cubin") as f:
         f.write(cubin)
         f.flush()
         out = subprocess.run([tool, "--dump-resource-usage", f.name], capture_output=True, text=True).stdout
-    m = re.search(r"REG:(\d+).*?LOCAL:(\d+)", out)
+    m = re.search(r"REG:(\d+).*?STACK:(\d+).*?LOCAL:(\d+)", out)
     if not m:
         raise RuntimeError(f"cuobjdump gave no resource usage: {out.strip()[-200:]}")
-    return int(m.group(1)), int(m.group(2))
+    return int(m.group(1)), int(m.group(2)) + int(m.group(3))
 
 
 def compile_all(arch: int, launches: list, progress=None) -> list[Row]:
@@ -254,21 +298,25 @@ def table(rows: list[Row]) -> str:
     return "\n".join(lines)
 
 
-def header(arch: int) -> str:
+def header(arch: int, sweep: bool = False) -> str:
     import torch
     import triton
     from triton.backends.nvidia.compiler import get_ptxas
     ptxas = get_ptxas(arch)
     release = re.search(r"V[\d.]+", subprocess.run([ptxas.path, "--version"], capture_output=True, text=True).stdout)
     return (f"Offline compile for sm_{arch} (nothing run): Triton {triton.__version__}, torch {torch.__version__}, "
-            f"{os.path.basename(ptxas.path)} {release.group(0) if release else ptxas.version}; bf16, K = V = 128, default configs "
-            f"(kernels/config.py default_config), B 1, T 256, H 4, HV 8, varlen lengths 96,160.")
+            f"{os.path.basename(ptxas.path)} {release.group(0) if release else ptxas.version}; bf16, K = V = 128, "
+            + ("fused_state_out_kernel at each of offline.IN_LOOP_CANDIDATES (norm flag, fixed length)" if sweep else
+               "default configs (kernels/config.py default_config)")
+            + ", B 1, T 256, H 4, HV 8, varlen lengths 96,160.")
 
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(prog="python -m gdnbench.kernels.offline", description=__doc__.split("\n\n")[0])
     ap.add_argument("--arch", default="sm_100", help=f"comma-separated, of {', '.join(ARCHS)}")
     ap.add_argument("--out", help="also write the tables (markdown) to this file")
+    ap.add_argument("--in-loop-sweep", action="store_true",
+                    help="instead: fused_state_out_kernel (GDNConfig.in_loop) at each of IN_LOOP_CANDIDATES")
     a = ap.parse_args(argv)
     bad = [x for x in a.arch.split(",") if x not in ARCHS]
     if bad:
@@ -277,13 +325,13 @@ def main(argv=None) -> int:
     if os.environ.get("TRITON_INTERPRET", "0") == "1":
         print("TRITON_INTERPRET=1: the interpreter compiles nothing; unset it", file=sys.stderr)
         return 2
-    launches = record()
+    launches = record_in_loop_sweep() if a.in_loop_sweep else record()
     sections, ok = [], True
     for arch in (ARCHS[x] for x in a.arch.split(",")):
-        print(header(arch), file=sys.stderr, flush=True)
+        print(header(arch, a.in_loop_sweep), file=sys.stderr, flush=True)
         rows = compile_all(arch, launches, progress=lambda r: print(
             f"  {r.kernel:18s} {r.specialization:36s} {r.verdict}", file=sys.stderr, flush=True))
-        sections.append(f"## sm_{arch}\n\n" + header(arch) + "\n\n" + table(rows) + "\n")
+        sections.append(f"## sm_{arch}\n\n" + header(arch, a.in_loop_sweep) + "\n\n" + table(rows) + "\n")
         ok = ok and all(r.verdict == "fits" for r in rows)
     text = "\n".join(sections)
     print(text)

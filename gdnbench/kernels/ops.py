@@ -67,6 +67,7 @@ from .config import (
     state_piece,
     validate,
 )
+from .fused_fwd import fused_state_out_kernel
 from .intra import gram_solve_kernel, kda_cumsum_kernel, kda_intra_kernel, wu_kernel
 from .launch import launch
 from .output import output_kernel
@@ -92,6 +93,7 @@ __all__ = [
     "prepare_varlen",
     "recompute_wu",
     "state_output",
+    "state_output_in_loop",
     "state_recurrence",
     "validate",
 ]
@@ -385,6 +387,39 @@ def state_output(q, k, w, u, g_cs, aqk, c_q=None, *, scale, initial_state=None, 
     return o, ht
 
 
+def state_output_in_loop(q, k, v, beta, g_cs, A, aqk=None, c_q=None, rstd_k=None, *, scale, initial_state=None,
+                         output_final_state=False, varlen=None, config: GDNConfig = DEFAULT_CONFIG, on_launch=None):
+    """One-pass stage (GDN, ``config.in_loop``): (o, final_state) as :func:`state_output` gives them, with
+    w h and u computed in the loop from :func:`gram_solve`'s A (no :func:`recompute_wu`), and q k^T too
+    where ``aqk`` is None (no :func:`chunk_aqk`; q as given: norm none / flag).  ``rstd_k``: fused_qk's
+    k rstd from gram_solve (k is raw); ``c_q``: fused_q's from chunk_aqk (kernels/fused_fwd.py)."""
+    B, T, H, K = k.shape
+    HV, V = v.shape[2], v.shape[3]
+    N = varlen.num_seqs if varlen is not None else B
+    o = torch.empty_like(v)
+    ht = torch.empty(N, HV, K, V, device=k.device, dtype=torch.float32) if output_final_state else None
+    cfg = config.fused_out
+    BV = block(cfg.BV, V)
+    _launch(fused_state_out_kernel, (cdiv(V, BV), N * HV), cfg,
+            q, k, v, beta, g_cs, A, rstd_k, aqk, c_q, o, initial_state, ht,
+            None if varlen is None else varlen.cu_seqlens, float(scale), T,
+            H=H, HV=HV, K=K, V=V, BV=BV, BT=CHUNK_SIZE, IS_VARLEN=varlen is not None,
+            USE_H0=initial_state is not None, STORE_HT=output_final_state, FUSE_Q=c_q is not None,
+            FUSE_K=rstd_k is not None, IN_LOOP_AQK=aqk is None, PREC=_precision(k.dtype), PIECE=state_piece(cfg, K),
+            hooks=on_launch)
+    return o, ht
+
+
+def _in_loop_forward(q, k, v, beta, g_cs, A, rstd_k, fuse_q, scale, initial_state, output_final_state, run):
+    """GDN's forward after gram_solve under ``config.in_loop``: chunk_aqk unless "wu_aqk", then the loop.
+    ``run``: every stage's varlen, config and on_launch."""
+    aqk = c_q = None
+    if run["config"].in_loop == "wu":
+        aqk, c_q = chunk_aqk(q, k, g_cs, fuse_q=fuse_q, fuse_k=rstd_k is not None, **run)
+    return state_output_in_loop(q, k, v, beta, g_cs, A, aqk, c_q, rstd_k, scale=scale, initial_state=initial_state,
+                                output_final_state=output_final_state, **run)
+
+
 # ----------------------------------------------------------------------------- entry point
 def _check_inputs(q, k, v, g, beta, initial_state, cu_seqlens, norm, per_channel=False):
     if norm not in NORM_MODES:
@@ -485,6 +520,9 @@ def _forward(q, k, v, g, beta, scale, initial_state, output_final_state, cu_seql
     K, V = q.shape[-1], v.shape[-1]
     per_channel = g.dim() == 4
     validate(config, K, V, q.element_size(), "kda" if per_channel else "gdn")
+    if config.in_loop == "wu_aqk" and norm.startswith("fused"):
+        raise ValueError(f"config.in_loop='wu_aqk' forms q k^T on q as given, so it takes norm 'none' or 'flag', "
+                         f"not {norm!r} (q's rstd would be needed in the loop); use in_loop='wu'")
     scale = K**-0.5 if scale is None else scale
     varlen = None
     if cu_seqlens is not None:
@@ -509,6 +547,9 @@ def _forward(q, k, v, g, beta, scale, initial_state, output_final_state, cu_seql
         o = chunk_output(q, None, v_new, h, g_cs, scale=scale, fuse_q=fuse_q, aqk=aqk, **run)
         return o, final_state
     g_cs, A, rstd_k, ssq_k = gram_solve(k, g, beta, fuse_k=fuse_k, **run)
+    if config.in_loop is not None:
+        return _in_loop_forward(q, k, v, beta, g_cs, A, rstd_k, fuse_q, scale, initial_state, output_final_state,
+                                run)
     w, u, _ = recompute_wu(k, v, beta, A, g_cs, rstd_k=rstd_k, **run)
     B, T, HV = beta.shape
     if one_pass(config, K, HV, B * T, T if varlen is None else varlen.max_len):

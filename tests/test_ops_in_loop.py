@@ -1,0 +1,173 @@
+"""GDN's opt-in one-pass loop that computes w h and u itself (``GDNConfig.in_loop``: kernels/fused_fwd.py) on
+the CPU under the interpreter: against the fp64 recurrence, against today's one-pass path (aqk + w/u +
+state_out) to tight tolerance, which kernels it launches, what it refuses, and its benchmark backends."""
+
+import dataclasses
+import os
+
+os.environ["TRITON_INTERPRET"] = "1"
+
+import pytest  # noqa: E402
+import torch  # noqa: E402
+
+from gdnbench.kernels import ops  # noqa: E402
+from gdnbench.kernels.ops import GDNConfig, KernelConfig, chunk_gdn, default_config, l2norm  # noqa: E402
+
+from .test_ops_gdn import TOL, check, make_inputs, reference, rel_rms  # noqa: E402
+
+# today's one-pass path against this one: same math, other roundings (fp32: tf32x3 products; fp16: w and u
+# rounded to fp16 there, x and v_new here)
+AGREE = {torch.float32: 2e-6, torch.float16: 2e-3}
+
+
+def configs(K, V, dtype, form, **kernels):
+    """(the in_loop config, today's one-pass config) at the defaults for K, V and dtype."""
+    base = dataclasses.replace(default_config(K, V, torch.tensor([], dtype=dtype).element_size()), one_pass=True,
+                               **kernels)
+    return dataclasses.replace(base, in_loop=form), base
+
+
+def check_both(form, norm, dtype, q, k, v, g, beta, s0=None, cu=None, **kernels):
+    """The in_loop form against the fp64 recurrence (tests/test_ops_gdn.check) and against today's one pass."""
+    K, V = q.shape[-1], v.shape[-1]
+    new, old = configs(K, V, dtype, form, **kernels)
+    o1, f1 = check(norm, dtype, q, k, v, g, beta, s0, cu, config=new)
+    o2, f2 = chunk_gdn(q, k, v, g, beta, initial_state=s0, output_final_state=True, cu_seqlens=cu, norm=norm,
+                       config=old)
+    assert rel_rms(o1, o2) < AGREE[dtype] and rel_rms(f1, f2) < AGREE[dtype], (rel_rms(o1, o2), rel_rms(f1, f2))
+
+
+@pytest.mark.parametrize("form,norm", [("wu", "none"), ("wu", "flag"), ("wu", "fused_q"), ("wu", "fused_qk"),
+                                       ("wu_aqk", "none"), ("wu_aqk", "flag")])
+def test_packed_varlen_gva2_unequal_kv(form, norm):
+    """Packed sequences (tails < 64, an empty one, one > 64) with initial and final states, GVA 2, K != V."""
+    cu = torch.tensor([0, 37, 37, 101, 131], dtype=torch.int64)
+    q, k, v, g, beta, s0 = make_inputs(1, 131, 2, 4, 32, 48, torch.float32, n_seqs=4, h0=True)
+    if norm == "none":
+        q, k = l2norm(q), l2norm(k)
+    check_both(form, norm, torch.float32, q, k, v, g, beta, s0, cu)
+
+
+@pytest.mark.parametrize("form,norm", [("wu", "flag"), ("wu", "fused_qk"), ("wu_aqk", "flag")])
+def test_fp16_varlen(form, norm):
+    cu = torch.tensor([0, 37, 131], dtype=torch.int64)
+    q, k, v, g, beta, s0 = make_inputs(1, 131, 1, 2, 32, 32, torch.float16, n_seqs=2, h0=True, seed=4)
+    check_both(form, norm, torch.float16, q, k, v, g, beta, s0, cu)
+
+
+@pytest.mark.parametrize("form", ["wu", "wu_aqk"])
+@pytest.mark.parametrize("KV", [64, 128])
+def test_head_sizes_64_and_128(form, KV):
+    """K = V = 64 and 128 (the contract's), varlen with initial states, GVA 2, the default piece height."""
+    q, k, v, g, beta, s0 = make_inputs(1, 100, 1, 2, KV, KV, torch.float32, n_seqs=2, h0=True, seed=9)
+    check_both(form, "flag", torch.float32, q, k, v, g, beta, s0, torch.tensor([0, 70, 100]))
+
+
+@pytest.mark.parametrize("form", ["wu", "wu_aqk"])
+def test_dense_batch_gva3_no_initial_state(form):
+    """B = 2, T = 66 (a tail of 2 tokens), GVA ratio 3, no initial state."""
+    q, k, v, g, beta, _ = make_inputs(2, 66, 1, 3, 64, 32, torch.float32, seed=2)
+    check_both(form, "flag", torch.float32, q, k, v, g, beta)
+
+
+@pytest.mark.parametrize("form,piece,K,V", [("wu", 16, 48, 16), ("wu_aqk", 32, 96, 32), ("wu", 128, 96, 32),
+                                            ("wu_aqk", 16, 60, 100)])
+def test_pieces_and_masked_heads(form, piece, K, V):
+    """The slab in pieces of BK rows (three, two, one partly masked) and heads that are not multiples of 16."""
+    kernel = KernelConfig(BK=piece, BV=16, num_warps=2)
+    q, k, v, g, beta, s0 = make_inputs(1, 100, 1, 2, K, V, torch.float32, n_seqs=2, h0=True, seed=5)
+    check_both(form, "flag", torch.float32, q, k, v, g, beta, s0, torch.tensor([0, 37, 100]), fused_out=kernel)
+
+
+def test_fp16_head_sizes_not_multiples_of_16():
+    q, k, v, g, beta, s0 = make_inputs(1, 100, 1, 2, 100, 60, torch.float16, n_seqs=2, h0=True, seed=12)
+    check_both("wu", "fused_q", torch.float16, q, k, v, g, beta, s0, torch.tensor([0, 37, 100]))
+
+
+@pytest.mark.filterwarnings("ignore:overflow encountered", "ignore:invalid value encountered")
+def test_fused_qk_huge_rows_finite():
+    """fp32 q and k rows of 1e30 under fused_qk: k h on raw k, k's rstd on x's and v_new's rows."""
+    q, k, v, g, beta, _ = make_inputs(1, 70, 1, 1, 32, 16, torch.float32, seed=3)
+    q[0, [2, 66]] *= 1e30
+    k[0, [7, 66]] *= 1e30
+    new, _ = configs(32, 16, torch.float32, "wu")
+    o, fs = chunk_gdn(q, k, v, g, beta, norm="fused_qk", output_final_state=True, config=new)
+    ro, rf = reference(q, k, v, g, beta)
+    assert torch.isfinite(o).all() and torch.isfinite(fs).all()
+    assert rel_rms(o, ro) < 1e-4 and rel_rms(fs, rf) < 1e-4, (rel_rms(o, ro), rel_rms(fs, rf))
+
+
+def _launched(monkeypatch, config, norm="flag"):
+    names = []
+    real = ops._launch
+
+    def spy(kernel, *a, **kw):
+        names.append(kernel.fn.__name__ if hasattr(kernel, "fn") else kernel.__name__)
+        return real(kernel, *a, **kw)
+
+    monkeypatch.setattr(ops, "_launch", spy)
+    q, k, v, g, beta, _ = make_inputs(1, 20, 1, 2, 16, 16, torch.float32)
+    chunk_gdn(q, k, v, g, beta, norm=norm, config=config)
+    return names
+
+
+def test_kernels_launched(monkeypatch):
+    """"wu": no w/u kernel; "wu_aqk": no aqk kernel either; unset: today's kernels, on either path."""
+    base = default_config(16, 16, 4)
+    assert _launched(monkeypatch, dataclasses.replace(base, in_loop="wu")) == [
+        "l2norm_kernel", "l2norm_kernel", "gram_solve_kernel", "aqk_kernel", "fused_state_out_kernel"]
+    assert _launched(monkeypatch, dataclasses.replace(base, in_loop="wu_aqk")) == [
+        "l2norm_kernel", "l2norm_kernel", "gram_solve_kernel", "fused_state_out_kernel"]
+    assert _launched(monkeypatch, dataclasses.replace(base, one_pass=True)) == [
+        "l2norm_kernel", "l2norm_kernel", "gram_solve_kernel", "wu_kernel", "aqk_kernel", "state_out_kernel"]
+    assert _launched(monkeypatch, base)[-2:] == ["state_kernel", "output_kernel"]  # 2 streams: two kernels
+    assert _launched(monkeypatch, dataclasses.replace(base, in_loop="wu"), "fused_qk") == [
+        "gram_solve_kernel", "gram_solve_kernel", "aqk_kernel", "fused_state_out_kernel"]  # (gram's fix-up)
+
+
+def test_refusals():
+    with pytest.raises(ValueError, match="in_loop='wuaqk' must be one of"):
+        ops.validate(GDNConfig(in_loop="wuaqk"), 128, 128)
+    with pytest.raises(ValueError, match="one_pass=False contradicts it"):
+        ops.validate(GDNConfig(in_loop="wu", one_pass=False), 128, 128)
+    with pytest.raises(ValueError, match="needs GDN with K <= 128"):
+        ops.validate(GDNConfig(in_loop="wu"), 192, 128)
+    with pytest.raises(ValueError, match="needs GDN"):
+        ops.validate(GDNConfig(in_loop="wu"), 128, 128, family="kda")
+    with pytest.raises(ValueError, match="fused_out.BK=16 splits K=128 into more than 4 pieces"):
+        ops.validate(GDNConfig(in_loop="wu", fused_out=KernelConfig(BK=16, BV=32)), 128, 128)
+    with pytest.raises(ValueError, match="config.fused_out needs ~"):
+        ops.validate(dataclasses.replace(default_config(128, 128, 4), in_loop="wu",
+                                         fused_out=KernelConfig(BV=32, num_stages=3)), 128, 128, 4)
+    ops.validate(GDNConfig(in_loop="wu"), 128, 128)  # the default kernel config, bf16
+    q, k, v, g, beta, _ = make_inputs(1, 20, 1, 1, 16, 16, torch.float32)
+    for norm in ("fused_q", "fused_qk"):
+        with pytest.raises(ValueError, match=f"takes norm 'none' or 'flag', not '{norm}'"):
+            chunk_gdn(q, k, v, g, beta, norm=norm, config=dataclasses.replace(default_config(16, 16, 4),
+                                                                               in_loop="wu_aqk"))
+
+
+def test_default_config_fits_fp32_k128():
+    """fp32 K = V = 128 lowers the loop's default 3 stages to 2 (its estimate), as default_config does for all."""
+    assert default_config(128, 128, 2).fused_out.num_stages == 3
+    assert default_config(128, 128, 4).fused_out.num_stages == 2
+
+
+def test_backends():
+    from gdnbench.backends import get
+    from gdnbench.data.shapes import load
+
+    by_id = {s.id: s for s in load("gdn-qwen6").shapes}
+    wu, wu_aqk = get("gdnbench-fusedwu"), get("gdnbench-fusedwu-aqk")
+    serving = by_id["h2_hv8_serving"]  # two kernels under the rule: the in_loop form still runs one pass
+    assert wu.config_label(serving, "flag", "cpu") == "default; one pass, in loop: wu"
+    cfg = wu._config(serving, "fused_qk", "cpu")[0]
+    assert (cfg.one_pass, cfg.in_loop) == (True, "wu")
+    cfg = wu_aqk._config(serving, "explicit", "cpu")[0]
+    assert (cfg.in_loop, cfg.fused_out.num_stages) == ("wu_aqk", 2)
+    assert wu.supports(serving, "fused_qk", "fwd", "cuda")
+    why = wu_aqk.supports(serving, "fused_q", "fwd", "cuda")
+    assert not why and "has no route 'fused_q'" in why.reason
+    kda = load("kda-legacy6").shapes[0]
+    assert not wu.supports(kda, "flag", "fwd", "cuda")
+    assert "in_loop=wu_aqk" in wu_aqk.variant(serving, "flag")
