@@ -109,8 +109,9 @@ def _check_fields(rec, types: dict[str, str], required: tuple[str, ...] = ()) ->
             raise ResultsError(f"expected {words}, got {kind(value)}", name)
     object.__setattr__(rec, "extras", freeze(rec.extras))
     object.__setattr__(rec, "nulls", frozenset(rec.nulls))
+    known = {f.name for f in fields(rec)} - {"extras", "nulls"}
     for name in rec.nulls:
-        if name not in types or getattr(rec, name) is not None:
+        if name not in known or getattr(rec, name) is not None:
             raise ResultsError(f"nulls names {name!r}, not a field that is null", name)
 
 
