@@ -1,4 +1,5 @@
-"""The project's vocabularies, defined once: modes, routes per mode, families, dtypes and their sizes.
+"""The project's vocabularies, defined once: modes, routes per mode, families, dtypes and their sizes,
+and the statuses of a results row.
 
 A route is how q/k normalization meets the kernel: `explicit` (the caller's l2norm, then the kernel),
 `flag` (the kernel's own flag), `fused_q` / `fused_qk` (our kernels fold q's, or q's and k's, norm into
@@ -18,6 +19,10 @@ DECODE_ROUTES = ("explicit", "flag")  # decode mode (fused routes: only where a 
 ROUTES_BY_MODE = {"fwd": ROUTES, "fwd_bwd": TRAIN_ROUTES, "decode": DECODE_ROUTES}
 ALL_ROUTES = tuple(dict.fromkeys(ROUTES + TRAIN_ROUTES))
 NO_BACKWARD_ROUTES = ("fused_q", "fused_qk")
+
+# A results row's status: `ok` passed the gate and was timed; `incorrect` failed the gate (figures, no
+# time); `skipped`: the backend cannot run the combination; `error`: it raised, or its worker died.
+ROW_STATUSES = ("ok", "skipped", "incorrect", "error")
 
 DTYPE_BYTES = {"bfloat16": 2, "float16": 2, "float32": 4}
 DTYPES = tuple(DTYPE_BYTES)

@@ -40,6 +40,16 @@ def _ok_row(d):
     return next(r for r in d["rows"] if r["status"] == "ok")
 
 
+def _skipped_row(d):
+    return next(r for r in d["rows"] if r["status"] == "skipped")
+
+
+def _failed_but_timed(d):
+    """An ok row turned incorrect (its check failed) that still carries its times."""
+    r = _ok_row(d)
+    r.update(status="incorrect", check={**r["check"], "passed": False})
+
+
 def _binary(tmp_path) -> str:
     p = tmp_path / "blob.bin"
     p.write_bytes(bytes(range(256)) * 4)
@@ -81,6 +91,15 @@ BAD_DOCS = {  # edit of a good results document -> the word the error names
     "shape_id-an-int": (lambda d: _ok_row(d).update(shape_id=7), "'shape_id'"),
     "check-a-string": (lambda d: _ok_row(d).update(check="passed"), "'check'"),
     "status-unknown": (lambda d: _ok_row(d).update(status="great"), "status 'great'"),
+    "ok-with-a-failed-check": (lambda d: _ok_row(d)["check"].update(passed=False), "field 'check.passed': status 'ok'"),
+    "ok-without-check": (lambda d: _ok_row(d).pop("check"), "field 'check': status 'ok' needs a passing check"),
+    "ok-without-gpu": (lambda d: _ok_row(d).update(gpu=None), "field 'gpu': status 'ok' needs its gpu time"),
+    "incorrect-with-a-time": (_failed_but_timed, "field 'wall': status 'incorrect' carries no time"),
+    "skipped-without-reason": (lambda d: _skipped_row(d).update(reason=""), "status 'skipped' needs a reason"),
+    "first_call_ms-a-string": (lambda d: _ok_row(d).update(first_call_ms="slow"),
+                               "field 'first_call_ms': expected a number, got a string 'slow'"),
+    "route-unknown": (lambda d: _ok_row(d).update(route="sideways"), "route 'sideways' is not one of"),
+    "shape-not-in-the-set": (lambda d: _ok_row(d).update(shape_id="h1"), "'h1' is not a shape of set"),
 }
 BAD_TOMLS = {  # shape-file text -> the word the error names
     "shape-not-a-table": ('name = "x"\nversion = 1\nhash = ""\nshape = [1, 2]\n', "shape #0"),

@@ -17,6 +17,7 @@ os.environ.setdefault("TRITON_INTERPRET", "1")  # before FLA's kernels are first
 
 from gdnbench.bench.modes import decode  # noqa: E402
 from gdnbench.data import inputs, shapes
+from gdnbench.data.records import RunDocument  # noqa: E402
 from gdnbench.analysis import report, roofline
 from gdnbench.backends import fla as fla_mod  # noqa: E402
 from gdnbench.backends import flashinfer as fi  # noqa: E402
@@ -412,8 +413,8 @@ def _decode_doc():
         return {"shape_id": shape, "family": "gdn", "backend": backend, "route": route, "mode": "decode",
                 "status": "ok", "reason": "", "wall": {"median_us": 2 * gpu, "round_spread": 0.0},
                 "gpu": {"median_us": gpu, "round_spread": 0.0, "method": "graph"}, "host_bound": True,
-                "check": {"err_o": 1e-3, "budget_o": 1e-2, "err_state": 1e-3, "budget_state": 1e-2, "tokens": 32,
-                          "shortened": False},
+                "check": {"passed": True, "err_o": 1e-3, "budget_o": 1e-2, "err_state": 1e-3, "budget_state": 1e-2,
+                          "tokens": 32, "shortened": False},
                 "step_bytes": 134_000_000, "gbps": {"gpu": gbps, "wall": gbps / 2}}
     rows = [row("n32_fp32", "fla", "explicit", 50.0, 2680.0), row("n32_fp32", "fla", "flag", 40.0, 3350.0),
             {"shape_id": "n32_fp32", "family": "gdn", "backend": "flashinfer", "route": "flag", "mode": "decode",
@@ -424,7 +425,7 @@ def _decode_doc():
 
 
 def test_report_renders_decode_rows(tmp_path):
-    doc = _decode_doc()
+    doc = RunDocument.from_dict(_decode_doc())
     tables = report.report_tables(doc)
     assert "one decode step" in tables[0].title
     dec = [t for t in tables if t.title.startswith("decode step")]
@@ -438,7 +439,7 @@ def test_report_renders_decode_rows(tmp_path):
     assert any("the N states read and written" in n for n in notes)
     assert any("geomean B/A [gpu]: 1.000 over 2/2 rows" in n for n in report.compare(doc, doc)[0].notes)
     p = tmp_path / "d.json"
-    p.write_text(json.dumps(doc))
+    p.write_text(json.dumps(doc.to_dict()))
     r = invoke("plot", str(p), "--out", str(tmp_path / "d.png"))
     assert r.exit_code == 0 and (tmp_path / "d.png").exists()
     r = invoke("report", str(p))

@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from gdnbench.data import journal
+from gdnbench.data.records import ResultsError, Row, RunDocument
 from gdnbench.data.results import claim_path, fold_journal, load_resumable
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -76,7 +77,7 @@ def test_a_killed_run_leaves_its_journal_and_resume_reads_it(tmp_path):
     done = json.loads(out.read_text())
     assert [x["shape_id"] for x in done["rows"]] == ["gdn_fixed_b2", "gdn_packed_gva3", "kda_fixed",
                                                     "kda_packed_gva2"]
-    assert done["rows"][0] == kept[0]  # measured rows are kept, not re-measured
+    assert done["rows"][0] == kept[0].to_dict()  # measured rows are kept, not re-measured
     assert not journal.journal_path(out).exists()
 
 
@@ -98,19 +99,34 @@ def test_a_name_is_held_by_its_journal_never_by_an_empty_document(tmp_path):
     assert claim_path(tmp_path / "b.json") == tmp_path / "b-2.json"  # so is a finished one's
 
 
+def _row(shape_id: str, v: int) -> dict:
+    return {"shape_id": shape_id, "family": "gdn", "backend": "fla", "route": "flag", "mode": "fwd",
+            "status": "skipped", "reason": "not run", "v": v}
+
+
+HEADER = {"schema_version": 1, "env": {}, "timing": {}, "run": {},
+          "shape_set": {"name": "s", "hash": "sha256:x", "shapes": {"a": "", "b": "", "c": ""}}}
+
+
 def test_journal_rows_of_a_shape_replace_the_documents_and_a_torn_line_is_dropped(tmp_path):
-    doc = {"shape_set": {"shapes": {"a": "", "b": "", "c": ""}},
-           "rows": [{"shape_id": "a", "v": 1}, {"shape_id": "b", "v": 1}]}
-    merged = fold_journal(doc, [{"shape_id": "c", "v": 2}, {"shape_id": "b", "v": 2}])
-    assert [(r["shape_id"], r["v"]) for r in merged["rows"]] == [("a", 1), ("b", 2), ("c", 2)]
+    doc = RunDocument.from_dict({**HEADER, "rows": [_row("a", 1), _row("b", 1)]})
+    merged = fold_journal(doc, [Row.from_dict(_row("c", 2)), Row.from_dict(_row("b", 2))])
+    assert [(r.shape_id, r.get("v")) for r in merged.rows] == [("a", 1), ("b", 2), ("c", 2)]
     j = tmp_path / "x.jsonl"
-    j.write_text(json.dumps({"journal": 1, "run": {}}) + "\n" + json.dumps({"shape_id": "a"}) + "\n{\"shape_")
-    assert journal.read(j) == ({"run": {}}, [{"shape_id": "a"}])
+    j.write_text(json.dumps({"journal": 1, **HEADER}) + "\n" + json.dumps(_row("a", 1)) + "\n{\"shape_")
+    header, rows = journal.read(j)
+    assert header == RunDocument.from_dict({**HEADER, "rows": []}) and rows == [Row.from_dict(_row("a", 1))]
+
+
+def test_a_journal_line_that_is_not_a_row_names_the_journal_and_the_line(tmp_path):
+    j = tmp_path / "x.jsonl"
+    j.write_text(json.dumps({"journal": 1, **HEADER}) + "\n" + json.dumps(_row("a", 1)) + "\n"
+                 + json.dumps({**_row("b", 1), "status": "ok"}) + "\n")
+    with pytest.raises(ResultsError, match=r"x.jsonl: line 3: field 'check': status 'ok' needs a passing check"):
+        journal.read(j)
 
 
 def test_resume_of_a_journal_without_header_is_one_line_error(tmp_path):
-    from gdnbench.data.results import ResultsError
-
-    (tmp_path / "x.jsonl").write_text(json.dumps({"shape_id": "a"}) + "\n")
+    (tmp_path / "x.jsonl").write_text(json.dumps(_row("a", 1)) + "\n")
     with pytest.raises(ResultsError, match="without its header"):
         load_resumable(tmp_path / "x.json")

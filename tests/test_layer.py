@@ -6,6 +6,7 @@ import pytest
 from gdnbench.data import inputs, shapes
 from gdnbench.bench.modes import layer, train
 from gdnbench.analysis import report as rep
+from gdnbench.data.records import Row, RunDocument
 from gdnbench.backends.reference import ReferenceBackend
 from gdnbench.oracle.check import rel_rms
 from gdnbench.bench.runner import run_set
@@ -93,13 +94,15 @@ def test_kernel_output_off_by_one_percent_makes_the_row_incorrect(scaled_rows):
 
 
 def test_report_prints_the_layer_table(scaled_rows):
-    doc = {"shape_set": {"name": "smoke", "version": 1, "shapes": {"kda_fixed": ""}}, "run": {"mode": "fwd_bwd"},
-           "rows": list(scaled_rows.values())}
+    doc = RunDocument.from_dict({
+        "schema_version": 1, "env": {}, "timing": {}, "run": {"mode": "fwd_bwd"}, "rows": list(scaled_rows.values()),
+        "shape_set": {"name": "smoke", "version": 1, "hash": "sha256:x", "shapes": {"kda_fixed": ""}}})
     (t,) = [t for t in rep.report_tables(doc) if t.title.startswith("layer gradient gate")]
     assert t.columns == ["shape", "backend:route", "status", "dW_qk", "dW_v", "dW_a", "dW_b", "dW_o", "dx"]
     bad = next(r for r in t.rows if r[1] == "fake_scaled_output:megatron")
     f = scaled_rows["fake_scaled_output"]["check"]["layer"]["W_o"]
     assert bad[2] == "incorrect" and bad[7] == f"{f['err']:.1e} / {f['budget']:.1e}"
     assert "D = 128" in t.notes[0]
-    empty = rep.layer_table({"rows": [dict(r, check={}) for r in scaled_rows.values()]})
+    without = [dict(r, check={k: v for k, v in r["check"].items() if k != "layer"}) for r in scaled_rows.values()]
+    empty = rep.layer_table(doc.with_rows(Row.from_dict(r) for r in without))
     assert empty.rows == [] and "no row has layer gradients" in empty.notes[0]

@@ -20,7 +20,7 @@ def invoke(*args):
 
 
 def write(path, rows, hash_="sha256:abc"):
-    d = doc(rows, hash_)
+    d = doc(rows, hash_).to_dict()
     d["env"]["git"] = {"sha": None, "dirty": None}
     path.write_text(json.dumps(d))
     return path

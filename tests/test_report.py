@@ -7,24 +7,29 @@ import pytest
 
 from gdnbench.analysis import report as rep
 from gdnbench.data import results
+from gdnbench.data.records import Row, RunDocument
 
 
 def row(shape, backend, route, wall=None, gpu=None, status="ok", reason=""):
+    """A row as JSON: ok rows with a passing check and both times, incorrect ones with a failed check."""
     r = {"shape_id": shape, "family": "gdn", "backend": backend, "route": route, "mode": "fwd", "status": status,
          "reason": reason}
+    if status in ("ok", "incorrect"):
+        err = 1e-3 if status == "ok" else 0.3
+        r["check"] = {"passed": status == "ok", "reason": reason, "err_o": err, "budget_o": 1e-2, "err_state": 1e-3,
+                      "budget_state": 1e-2, "tokens": 64, "shortened": False}
     if status == "ok":
         r["wall"] = {"median_us": wall, "round_spread": 0.01}
         r["gpu"] = {"median_us": gpu, "round_spread": 0.01, "method": "graph"}
         r["host_bound"] = wall > 1.2 * gpu
-        r["check"] = {"err_o": 1e-3, "budget_o": 1e-2, "err_state": 1e-3, "budget_state": 1e-2, "tokens": 64,
-                      "shortened": False}
     return r
 
 
-def doc(rows, hash_="sha256:abc"):
-    return {"schema_version": results.SCHEMA_VERSION, "created_utc": "x", "env": {"device": "cuda"},
-            "shape_set": {"name": "t", "version": 1, "hash": hash_, "shapes": {"a": "", "b": "", "c": ""}},
-            "timing": {}, "run": {}, "rows": rows}
+def doc(rows, hash_="sha256:abc") -> RunDocument:
+    return RunDocument.from_dict({
+        "schema_version": results.SCHEMA_VERSION, "created_utc": "x", "env": {"device": "cuda"},
+        "shape_set": {"name": "t", "version": 1, "hash": hash_, "shapes": {"a": "", "b": "", "c": ""}},
+        "timing": {}, "run": {}, "rows": rows})
 
 
 ROWS = [
@@ -103,15 +108,15 @@ def test_compare_matches_rows_and_refuses_other_sets():
 def test_results_round_trip_and_schema_refusal(tmp_path):
     d = doc(ROWS)
     p = results.write_atomic(d, tmp_path / "sub" / "r.json")
-    assert results.load(p) == json.loads(json.dumps(d))
-    d2 = dict(d, schema_version=results.SCHEMA_VERSION + 1)
+    assert results.load(p) == d and json.loads(p.read_text()) == d.to_dict()
+    d2 = dict(d.to_dict(), schema_version=results.SCHEMA_VERSION + 1)
     (tmp_path / "old.json").write_text(json.dumps(d2))
     with pytest.raises(results.ResultsError, match="schema_version"):
         results.load(tmp_path / "old.json")
     (tmp_path / "bad.json").write_text("{nope")
     with pytest.raises(results.ResultsError, match="not valid JSON"):
         results.load(tmp_path / "bad.json")
-    bad_row = dict(d, rows=[dict(ROWS[0], status="fast")])
+    bad_row = dict(d.to_dict(), rows=[dict(ROWS[0], status="fast")])
     (tmp_path / "badrow.json").write_text(json.dumps(bad_row))
     with pytest.raises(results.ResultsError, match="row 0: status"):
         results.load(tmp_path / "badrow.json")
@@ -142,11 +147,11 @@ def test_plot_writes_png(tmp_path):
 
 
 def test_time_spent_counts_each_oracle_once():
-    rows = [{"shape_id": "a", "seconds": {"oracle": 2.0, "check": 1.0, "timing": 3.0}},
-            {"shape_id": "a", "seconds": {"oracle": 2.0, "check": 0.5, "timing": 3.0}},
-            {"shape_id": "b", "seconds": {"oracle": 1.0}},  # a row that failed its check
-            {"shape_id": "c", "status": "skipped"}]
-    assert rep.time_spent(rows) == {"oracle": 3.0, "check": 1.5, "timing": 6.0}
+    rows = [dict(row("a", "fla", "explicit", 2, 1), seconds={"oracle": 2.0, "check": 1.0, "timing": 3.0}),
+            dict(row("a", "fla", "flag", 2, 1), seconds={"oracle": 2.0, "check": 0.5, "timing": 3.0}),
+            dict(row("b", "fla", "flag", status="error", reason="boom"), seconds={"oracle": 1.0}),  # failed early
+            row("c", "fla", "fused_q", status="skipped", reason="no such route")]
+    assert rep.time_spent([Row.from_dict(r) for r in rows]) == {"oracle": 3.0, "check": 1.5, "timing": 6.0}
 
 
 

@@ -9,6 +9,7 @@ import torch
 from gdnbench.analysis import calibrate
 from gdnbench.oracle import reference
 from gdnbench.data import results
+from gdnbench.data.records import Row, RunDocument
 from gdnbench.analysis import roofline as rf
 from gdnbench.analysis.report import Table, to_markdown
 from gdnbench.data.shapes import Shape, ShapeSet
@@ -218,13 +219,12 @@ def test_floor_picks_the_binding_term():
 
 def test_floor_of_a_row_and_its_fractions():
     calib = rf.make_calib(1e9, 1e18)
-    row = {"shape_id": "tiny", "backend": "fla", "route": "fused_q", "status": "ok",
-           "gpu": {"median_us": 200.0}, "wall": {"median_us": 400.0}}
+    row = Row.from_dict(_row("tiny", "fla", "fused_q", 200.0, 400.0))
     f = rf.floor_us(row, None, calib, shape=TINY)
     assert f.route == "fused_q" and f.backend == "fla"
     assert f.fraction_gpu == pytest.approx(f.floor_us / 200.0)
     assert f.fraction_wall == pytest.approx(f.floor_us / 400.0)
-    bad = {**row, "status": "incorrect", "gpu": None, "wall": None}
+    bad = Row.from_dict(_row("tiny", "fla", "fused_q", status="incorrect"))
     assert rf.floor_us(bad, None, calib, shape=TINY).fraction_gpu is None
     with pytest.raises(rf.RooflineError, match="shape="):
         rf.floor_us(row, None, calib)
@@ -251,17 +251,21 @@ def test_h200_sanity_fractions():
 
 # ----------------------------------------------------------------------------- tables and charts
 def _row(shape, backend, route, gpu=None, wall=None, status="ok"):
-    r = {"shape_id": shape, "family": "gdn", "backend": backend, "route": route, "mode": "fwd", "status": status}
+    r = {"shape_id": shape, "family": "gdn", "backend": backend, "route": route, "mode": "fwd", "status": status,
+         "reason": "" if status in ("ok", "incorrect") else "not run"}
+    if status in ("ok", "incorrect"):
+        r["check"] = {"passed": status == "ok"}
     if status == "ok":
         r["gpu"], r["wall"] = {"median_us": gpu}, {"median_us": wall}
     return r
 
 
-def _doc(rows, name="no-such-set", labels=None):
-    return {"schema_version": results.SCHEMA_VERSION, "created_utc": "x", "env": {"device": "cuda",
-            "gpu": {"name": "NVIDIA H200"}}, "timing": {}, "run": {}, "rows": rows,
-            "shape_set": {"name": name, "version": 1, "hash": "sha256:x",
-                          "shapes": labels or {"tiny": TINY.label(), "long": "gdn H16/HV32 K128 V128 T8192"}}}
+def _doc(rows, name="no-such-set", labels=None, hash_="sha256:x"):
+    return RunDocument.from_dict({
+        "schema_version": results.SCHEMA_VERSION, "created_utc": "x", "env": {"device": "cuda",
+        "gpu": {"name": "NVIDIA H200"}}, "timing": {}, "run": {}, "rows": rows,
+        "shape_set": {"name": name, "version": 1, "hash": hash_,
+                      "shapes": labels or {"tiny": TINY.label(), "long": "gdn H16/HV32 K128 V128 T8192"}}})
 
 
 ROWS = [_row("tiny", "fla", "flag", 20.0, 50.0), _row("tiny", "gdnbench", "fused_qk", 10.0, 12.0),
@@ -299,8 +303,7 @@ def test_roofline_table_from_labels_and_from_the_shapes_dir():
 
     ss = shapes.load("gdn-qwen6")
     d = _doc([_row("h2_hv8_serving", "fla", "flag", 176.0, 700.0)], name="gdn-qwen6",
-             labels={s.id: s.label() for s in ss.shapes})
-    d["shape_set"]["hash"] = ss.hash
+             labels={s.id: s.label() for s in ss.shapes}, hash_=ss.hash)
     _, _, rows, notes = rf.roofline_table(d, calib)
     assert not any("labels" in n for n in notes)
     expect = rf.floor_us(ss.get("h2_hv8_serving"), "flag", calib)

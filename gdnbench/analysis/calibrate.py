@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import datetime as _dt
 import statistics
+from collections.abc import Mapping
 from pathlib import Path
 
 from ..data.results import read_json, slug, write_atomic
@@ -153,12 +154,12 @@ def load_for(gpu_name: str, directory: str | Path | None = None) -> dict | None:
     return load(path) if path.exists() else None
 
 
-def load_for_doc(doc: dict, directory: str | Path | None = None, beside: str | Path | None = None) -> dict | None:
-    """The saved calibration of the GPU a results document was measured on, or None: first the
-    calibration.json beside the document's file (``beside``: results/<gpu>/ holds both), when it is
-    for the same GPU, then the one under ``directory`` (default ./results)."""
-    gpu = doc.get("env", {}).get("gpu") or {}
-    name = gpu.get("name") if isinstance(gpu, dict) else None
+def load_for_doc(doc, directory: str | Path | None = None, beside: str | Path | None = None) -> dict | None:
+    """The saved calibration of the GPU a results document (a `RunDocument`) was measured on, or None:
+    first the calibration.json beside the document's file (``beside``: results/<gpu>/ holds both), when
+    it is for the same GPU, then the one under ``directory`` (default ./results)."""
+    gpu = doc.env.get("gpu") or {}
+    name = gpu.get("name") if isinstance(gpu, Mapping) else None
     if not name:
         return None
     if beside is not None:

@@ -6,10 +6,11 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from ..data.records import RunDocument
 from .report import _columns, _side, default_baseline, index_rows, median, shape_ids
 
 
-def plot(doc: dict, out: str | Path, kind: str = "gpu", baseline: str | None = None, mode: str = "fwd") -> Path:
+def plot(doc: RunDocument, out: str | Path, kind: str = "gpu", baseline: str | None = None, mode: str = "fwd") -> Path:
     import matplotlib
 
     matplotlib.use("Agg")
@@ -45,9 +46,9 @@ def plot(doc: dict, out: str | Path, kind: str = "gpu", baseline: str | None = N
                 ratios.append(t / base if t and base else 0.0)
             ax_r.bar(xs, ratios, width, color=colors[j])
     ax_t.set_ylabel(f"{kind} time per call, median (µs)")
-    ss = doc["shape_set"]
-    gpu = doc.get("env", {}).get("gpu", {}).get("name", "CPU")
-    ax_t.set_title(f"{ss['name']} v{ss['version']} on {gpu}: bars = {kind} time")
+    ss = doc.shape_set
+    gpu = (doc.env.get("gpu") or {}).get("name", "CPU")
+    ax_t.set_title(f"{ss.name} v{ss.version} on {gpu}: bars = {kind} time")
     # outside the axes, right of the bars: inside, it covered the first shapes' bars
     ax_t.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0), borderaxespad=0)
     ax_t.grid(axis="y", alpha=0.3)

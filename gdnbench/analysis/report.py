@@ -1,6 +1,6 @@
 """Tables and geomean time ratios from results documents (no torch, no GPU).
 
-A ratio pair is written NUM/DEN with each side `backend:route`; route `best` means the
+Documents and rows are the typed records of gdnbench.data.records. A ratio pair is written NUM/DEN with each side `backend:route`; route `best` means the
 fastest ok route of that backend on each shape. A geomean is taken over the shapes
 where both sides are `ok`; every shape left out is listed with the reason, and the
 count is always printed. Each ratio is given on both times: `wall` (events around eager
@@ -12,22 +12,16 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
-TIME_KINDS = ("wall", "gpu")
+from ..data.records import TIME_KINDS, Row, RunDocument
 from ..vocab import ALL_ROUTES, MODES, ROUTES  # noqa: F401  (MODES: the report command checks --mode)
+from .tables import FORMATS, Table, to_csv, to_json, to_markdown, to_rich, to_text  # noqa: F401  (their home)
+
 MODE_TITLES = {"fwd_bwd": " (one forward + backward step)", "decode": " (one decode step)"}
 MB = 1e6
 
 
 class CompareError(ValueError):
     pass
-
-
-@dataclass
-class Table:
-    title: str
-    columns: list[str]
-    rows: list[list[str]]
-    notes: list[str] = field(default_factory=list)
 
 
 @dataclass
@@ -45,31 +39,29 @@ class Geomean:
         return f"{v} over {self.count}/{self.total} shapes"
 
 
-def median(row: dict | None, kind: str) -> float | None:
-    if not row or row.get("status") != "ok":
-        return None
-    t = row.get(kind)
-    return t.get("median_us") if isinstance(t, dict) else None
+def median(row: Row | None, kind: str) -> float | None:
+    """The median µs of an ok row's time `kind`; None for no row, a row that is not ok or has no such time."""
+    return row.median(kind) if row is not None else None
 
 
-def index_rows(doc: dict, mode: str = "fwd") -> dict[tuple[str, str, str], dict]:
-    return {(r["shape_id"], r["backend"], r["route"]): r for r in doc["rows"] if r.get("mode", "fwd") == mode}
+def index_rows(doc: RunDocument, mode: str = "fwd") -> dict[tuple[str, str, str], Row]:
+    return {r.key: r for r in doc.rows if r.mode == mode}
 
 
-def run_mode(doc: dict) -> str:
+def run_mode(doc: RunDocument) -> str:
     """The mode the file was run in (files without one are forward runs)."""
-    return (doc.get("run") or {}).get("mode") or "fwd"
+    return doc.mode
 
 
-def rows_of_mode(doc: dict, mode: str) -> dict:
+def rows_of_mode(doc: RunDocument, mode: str) -> RunDocument:
     """The document with only the rows of one mode: every table is about one mode."""
-    return {**doc, "rows": [r for r in doc["rows"] if r.get("mode", "fwd") == mode]}
+    return doc.with_rows(r for r in doc.rows if r.mode == mode)
 
 
-def shape_ids(doc: dict) -> list[str]:
+def shape_ids(doc: RunDocument) -> list[str]:
     """Shapes that have rows, in the set's order."""
-    have = {r["shape_id"] for r in doc["rows"]}
-    ids = [s for s in doc["shape_set"].get("shapes", {}) if s in have]
+    have = {r.shape_id for r in doc.rows}
+    ids = [s for s in doc.shape_set.ids if s in have]
     return ids + sorted(have - set(ids))
 
 
@@ -77,9 +69,9 @@ BACKEND_ORDER = ("fla", "gdnbench", "gdnbench-default", "helion", "helion-linear
 ROUTE_ORDER = ALL_ROUTES
 
 
-def keys_present(doc: dict) -> list[tuple[str, str]]:
+def keys_present(doc: RunDocument) -> list[tuple[str, str]]:
     """(backend, route) pairs of the rows, in a stable order: known backends and routes first."""
-    seen = dict.fromkeys((r["backend"], r["route"]) for r in doc["rows"])
+    seen = dict.fromkeys((r.backend, r.route) for r in doc.rows)
 
     def rank(key):
         b, r = key
@@ -92,7 +84,7 @@ def keys_present(doc: dict) -> list[tuple[str, str]]:
 def _side(idx, shape: str, spec: str, kind: str) -> tuple[float | None, str]:
     backend, _, route = spec.partition(":")
     if route == "best":
-        cands = [(median(r, kind), r["route"]) for (s, b, _), r in idx.items() if s == shape and b == backend]
+        cands = [(r.median(kind), r.route) for (s, b, _), r in idx.items() if s == shape and b == backend]
         ok = [c for c in cands if c[0] is not None]
         if not ok:
             return None, f"{backend} has no ok route" if cands else f"no {backend} rows"
@@ -100,14 +92,14 @@ def _side(idx, shape: str, spec: str, kind: str) -> tuple[float | None, str]:
     row = idx.get((shape, backend, route))
     if row is None:
         return None, f"no {spec} row"
-    t = median(row, kind)
+    t = row.median(kind)
     if t is None:
-        why = row.get("reason") or ("no gpu time" if row["status"] == "ok" else "")
-        return None, f"{spec} {row['status']}" + (f": {why[:80]}" if why else "")
+        why = row.reason or ("no gpu time" if row.status == "ok" else "")
+        return None, f"{spec} {row.status}" + (f": {why[:80]}" if why else "")
     return t, ""
 
 
-def geomean(doc: dict, pair: str, kind: str, mode: str = "fwd") -> Geomean:
+def geomean(doc: RunDocument, pair: str, kind: str, mode: str = "fwd") -> Geomean:
     num, _, den = pair.partition("/")
     idx = index_rows(doc, mode)
     ids = [s for s in shape_ids(doc) if any(k[0] == s for k in idx)]
@@ -124,7 +116,7 @@ def geomean(doc: dict, pair: str, kind: str, mode: str = "fwd") -> Geomean:
     return Geomean(pair, kind, value, len(logs), len(ids), excluded, per)
 
 
-def standard_pairs(doc: dict) -> list[str]:
+def standard_pairs(doc: RunDocument) -> list[str]:
     """The pairs that make sense for the rows present: flag/explicit per backend, the fused
     routes against explicit, ours against each other backend (same route, best, vs flag)."""
     present = _columns(doc)
@@ -163,52 +155,52 @@ def _fmt_us(t: float | None) -> str:
     return f"{t:.0f}" if t >= 100 else f"{t:.1f}"
 
 
-def _cell(row: dict | None) -> str:
+def _cell(row: Row | None) -> str:
     if row is None:
         return "(no row)"
-    if row["status"] != "ok":
-        return row["status"]
-    w, g = median(row, "wall"), median(row, "gpu")
-    mark = "*" if row.get("host_bound") else ""
+    if row.status != "ok":
+        return row.status
+    w, g = row.median("wall"), row.median("gpu")
+    mark = "*" if row.host_bound else ""
     return f"{_fmt_us(w)} / {_fmt_us(g)}{mark}" if g is not None else f"{_fmt_us(w)}"
 
 
-def default_baseline(doc: dict) -> str | None:
+def default_baseline(doc: RunDocument) -> str | None:
     """fla:explicit (else fla:flag, else the first key) among keys with an ok row."""
-    ok = [k for k in keys_present(doc)
-          if any(x["status"] == "ok" for x in doc["rows"] if (x["backend"], x["route"]) == k)]
+    ok = dict.fromkeys((r.backend, r.route) for r in doc.rows if r.status == "ok")
+    ok = [k for k in keys_present(doc) if k in ok]
     for cand in (("fla", "explicit"), ("fla", "flag")):
         if cand in ok:
             return ":".join(cand)
     return ":".join(ok[0]) if ok else None
 
 
-def kinds_present(doc: dict) -> list[str]:
+def kinds_present(doc: RunDocument) -> list[str]:
     """The time kinds some row has (a CPU run has no gpu time)."""
-    return [k for k in TIME_KINDS if any(median(r, k) is not None for r in doc["rows"])] or ["wall"]
+    return [k for k in TIME_KINDS if any(r.median(k) is not None for r in doc.rows)] or ["wall"]
 
 
-def _columns(doc: dict) -> list[tuple[str, str]]:
+def _columns(doc: RunDocument) -> list[tuple[str, str]]:
     """backend:route pairs with at least one row that is not skipped."""
-    return [k for k in keys_present(doc)
-            if any(r["status"] != "skipped" for r in doc["rows"] if (r["backend"], r["route"]) == k)]
+    ran = {(r.backend, r.route) for r in doc.rows if r.status != "skipped"}
+    return [k for k in keys_present(doc) if k in ran]
 
 
-def time_table(doc: dict, mode: str = "fwd") -> Table:
+def time_table(doc: RunDocument, mode: str = "fwd") -> Table:
     idx = index_rows(doc, mode)
     cols = _columns(doc)
     rows = [[s] + [_cell(idx.get((s, b, r))) for b, r in cols] for s in shape_ids(doc)]
     notes = ["cells: median wall µs / median gpu µs; * = host-bound (wall > gpu by more than the margin)"]
-    if not all(r.get("timing_meaningful", True) for r in doc["rows"] if r["status"] == "ok"):
+    if any(r.timing_meaningful is False for r in doc.rows if r.status == "ok"):
         notes.append("CPU run: timings are not meaningful (interpreter / fp64 reference)")
-    skipped = sorted({f"{r['backend']}:{r['route']}: {r['reason']}" for r in doc["rows"] if r["status"] == "skipped"})
+    skipped = sorted({f"{r.spec}: {r.reason}" for r in doc.rows if r.status == "skipped"})
     notes += [f"skipped {s}" for s in skipped]
-    title = f"{doc['shape_set']['name']} v{doc['shape_set']['version']}: time per backend:route"
+    title = f"{doc.shape_set.name} v{doc.shape_set.version}: time per backend:route"
     title += MODE_TITLES.get(mode, "")
     return Table(title, ["shape"] + [f"{b}:{r}" for b, r in cols], rows, notes)
 
 
-def ratio_table(doc: dict, baseline: str, kind: str = "gpu", mode: str = "fwd") -> Table:
+def ratio_table(doc: RunDocument, baseline: str, kind: str = "gpu", mode: str = "fwd") -> Table:
     idx = index_rows(doc, mode)
     cols = _columns(doc)
     rows = []
@@ -222,22 +214,27 @@ def ratio_table(doc: dict, baseline: str, kind: str = "gpu", mode: str = "fwd") 
     return Table(f"{kind}-time ratio to {baseline} (< 1 = faster)", ["shape"] + [f"{b}:{r}" for b, r in cols], rows)
 
 
-def check_table(doc: dict, mode: str = "fwd") -> Table:
+def _sci(x) -> str:
+    return "-" if x is None else f"{x:.2e}"
+
+
+def check_table(doc: RunDocument, mode: str = "fwd") -> Table:
+    """Each gated row's error figures (a row whose output was not finite has none: '-')."""
     rows = []
-    for r in doc["rows"]:
-        if r.get("mode", "fwd") != mode or "check" not in r:
+    for r in doc.rows:
+        c = r.check
+        if r.mode != mode or c is None:
             continue
-        c = r["check"]
-        rows.append([r["shape_id"], f"{r['backend']}:{r['route']}", r["status"], f"{c['err_o']:.2e}",
-                     f"{c['budget_o']:.2e}", "-" if c["err_state"] is None else f"{c['err_state']:.2e}",
-                     f"{c['budget_state']:.2e}", str(c["tokens"]) + (" (short)" if c["shortened"] else "")])
+        tokens = "-" if c.get("tokens") is None else str(c.get("tokens")) + (" (short)" if c.get("shortened") else "")
+        rows.append([r.shape_id, r.spec, r.status, _sci(c.get("err_o")), _sci(c.get("budget_o")),
+                     _sci(c.get("err_state")), _sci(c.get("budget_state")), tokens])
     return Table("correctness gate (rel-RMS error vs fp64 recurrence; budget = "
                  "2 x error of the recurrence at storage precision)",
                  ["shape", "backend:route", "status", "err o", "budget o", "err state", "budget state", "check tokens"],
                  rows)
 
 
-def geomean_table(doc: dict, pairs: list[str] | None = None, mode: str = "fwd") -> Table:
+def geomean_table(doc: RunDocument, pairs: list[str] | None = None, mode: str = "fwd") -> Table:
     rows, notes = [], []
     kinds = kinds_present(doc)
     for pair in dict.fromkeys(pairs or standard_pairs(doc)):  # a --pair that is also a standard pair: once
@@ -249,15 +246,17 @@ def geomean_table(doc: dict, pairs: list[str] | None = None, mode: str = "fwd") 
     return Table("geomean time ratios (NUM/DEN; < 1 means NUM is faster)", ["pair"] + kinds, rows, notes)
 
 
-def spread_table(doc: dict, mode: str = "fwd") -> Table:
+def _spread(t) -> str:
+    return "-" if t is None else f"{100 * (t.round_spread or 0):.1f}%"
+
+
+def spread_table(doc: RunDocument, mode: str = "fwd") -> Table:
     rows = []
-    for r in doc["rows"]:
-        if r.get("mode", "fwd") != mode or r["status"] != "ok":
+    for r in doc.rows:
+        if r.mode != mode or r.status != "ok":
             continue
-        w, g = r["wall"], r.get("gpu") or {}
-        rows.append([r["shape_id"], f"{r['backend']}:{r['route']}", f"{100 * w.get('round_spread', 0):.1f}%",
-                     f"{100 * g.get('round_spread', 0):.1f}%" if g else "-", g.get("method", "-"),
-                     _fmt_us(r.get("profiler_us")), f"{r.get('first_call_ms', 0):.0f}"])
+        rows.append([r.shape_id, r.spec, _spread(r.wall), _spread(r.gpu), (r.gpu and r.gpu.method) or "-",
+                     _fmt_us(r.profiler_us), f"{r.first_call_ms or 0:.0f}"])
     return Table("timing detail (spread = (max - min) / median of per-round medians)",
                  ["shape", "backend:route", "wall spread", "gpu spread", "gpu method", "profiler µs", "first call ms"],
                  rows)
@@ -266,50 +265,55 @@ def spread_table(doc: dict, mode: str = "fwd") -> Table:
 KERNELS_SHOWN = 8
 
 
-def kernel_table(doc: dict, mode: str = "fwd") -> Table | None:
+def kernel_table(doc: RunDocument, mode: str = "fwd") -> Table | None:
     """Each ok row's device time split by kernel (torch.profiler, µs per call, largest first; the
     rest summed as 'other'): the stage a route gains or loses in. None when no row has a split."""
     rows = []
-    for r in doc["rows"]:
-        split = r.get("kernels_us")
-        if r.get("mode", "fwd") != mode or r["status"] != "ok" or not split:
+    for r in doc.rows:
+        split = r.kernels_us
+        if r.mode != mode or r.status != "ok" or not split:
             continue
         items = list(split.items())
         shown = [f"{n} {t:.1f}" for n, t in items[:KERNELS_SHOWN]]
         if len(items) > KERNELS_SHOWN:
             shown.append(f"other ({len(items) - KERNELS_SHOWN}) {sum(t for _, t in items[KERNELS_SHOWN:]):.1f}")
-        rows.append([r["shape_id"], f"{r['backend']}:{r['route']}", _fmt_us(sum(split.values())), "; ".join(shown)])
+        rows.append([r.shape_id, r.spec, _fmt_us(sum(split.values())), "; ".join(shown)])
     if not rows:
         return None
     return Table("device time per kernel (torch.profiler, µs per call, largest first)",
                  ["shape", "backend:route", "sum µs", "kernels"], rows)
 
 
-def grad_table(doc: dict) -> Table:
+def _figure(row: Row, name: str):
+    """A figure of the row's check (None without a check or that figure)."""
+    return row.check.get(name) if row.check is not None else None
+
+
+def grad_table(doc: RunDocument) -> Table:
     """fwd_bwd gate: each input gradient's rel-RMS error and budget."""
     names = ("dq", "dk", "dv", "dg", "dbeta")
     rows = []
-    for r in doc["rows"]:
-        grads = (r.get("check") or {}).get("grads")
+    for r in doc.rows:
+        grads = _figure(r, "grads")
         if grads:
-            rows.append([r["shape_id"], f"{r['backend']}:{r['route']}", r["status"]]
+            rows.append([r.shape_id, r.spec, r.status]
                         + [f"{grads[n]['err']:.1e} / {grads[n]['budget']:.1e}" if n in grads else "-" for n in names])
     return Table("gradient gate (rel-RMS error / budget vs fp64 autograd; budget = 2 x error at storage precision)",
                  ["shape", "backend:route", "status"] + list(names), rows)
 
 
-def layer_table(doc: dict) -> Table:
+def layer_table(doc: RunDocument) -> Table:
     """fwd_bwd: the small layer's weight (and x) gradients through each route, rel-RMS error vs the
     fp64 layer / budget. Parity between routes is read from these: two routes' gradients differ by
     at most the sum of their errors (relative to the fp64 gradient's norm)."""
-    rows_with = [r for r in doc["rows"] if (r.get("check") or {}).get("layer")]
-    names = list(dict.fromkeys(n for r in rows_with for n in r["check"]["layer"]))
+    rows_with = [r for r in doc.rows if _figure(r, "layer")]
+    names = list(dict.fromkeys(n for r in rows_with for n in _figure(r, "layer")))
     rows = []
     for r in rows_with:
-        layer = r["check"]["layer"]
-        rows.append([r["shape_id"], f"{r['backend']}:{r['route']}", r["status"]]
+        layer = _figure(r, "layer")
+        rows.append([r.shape_id, r.spec, r.status]
                     + [f"{layer[n]['err']:.1e} / {layer[n]['budget']:.1e}" if n in layer else "-" for n in names])
-    widths = sorted({r["check"].get("layer_width") for r in rows_with} - {None})
+    widths = sorted({_figure(r, "layer_width") for r in rows_with} - {None})
     notes = [f"layer (gdnbench/bench/modes/layer.py): hidden size D = {', '.join(map(str, widths)) or '?'}; y = attention(q|k = "
              "x W_qk, v = x W_v, g = gate(x W_a), beta = sigmoid(x W_b)) W_o; columns: d(loss)/d(weight), d(loss)/dx",
              "two routes' gradients differ by at most the sum of their errors (relative to the fp64 gradient)"]
@@ -323,7 +327,7 @@ def _mb(x) -> str:
     return "-" if x is None else f"{x / MB:.2f}"
 
 
-def saved_pair(doc: dict, pair: str) -> str | None:
+def saved_pair(doc: RunDocument, pair: str) -> str | None:
     """'NUM keeps X MB less than DEN ...': mean saved_bytes difference and geomean ratio over shapes
     where both rows are ok; None when no shape has both."""
     num, _, den = pair.partition("/")
@@ -331,9 +335,9 @@ def saved_pair(doc: dict, pair: str) -> str | None:
     diffs, logs = [], []
     for s in shape_ids(doc):
         a, b = (idx.get((s, *side.split(":"))) for side in (num, den))
-        if a and b and a["status"] == b["status"] == "ok" and a.get("saved_bytes") and b.get("saved_bytes"):
-            diffs.append(b["saved_bytes"] - a["saved_bytes"])
-            logs.append(math.log(a["saved_bytes"] / b["saved_bytes"]))
+        if a and b and a.status == b.status == "ok" and a.get("saved_bytes") and b.get("saved_bytes"):
+            diffs.append(b.get("saved_bytes") - a.get("saved_bytes"))
+            logs.append(math.log(a.get("saved_bytes") / b.get("saved_bytes")))
     if not diffs:
         return None
     d = sum(diffs) / len(diffs)
@@ -341,11 +345,11 @@ def saved_pair(doc: dict, pair: str) -> str | None:
             f"saved_bytes ratio geomean {math.exp(sum(logs) / len(logs)):.3f} over {len(diffs)} shapes)")
 
 
-def memory_table(doc: dict) -> Table:
+def memory_table(doc: RunDocument) -> Table:
     """fwd_bwd: bytes saved for backward, peak bytes of one step, determinism; the saved-bytes pairs as notes."""
-    rows = [[r["shape_id"], f"{r['backend']}:{r['route']}", r["status"], _mb(r.get("saved_bytes")),
-             _mb(r.get("peak_bytes")), str(r.get("deterministic", "-")).lower()]
-            for r in doc["rows"] if r["status"] != "skipped"]
+    rows = [[r.shape_id, r.spec, r.status, _mb(r.get("saved_bytes")), _mb(r.get("peak_bytes")),
+             str(r.get("deterministic", "-")).lower()]
+            for r in doc.rows if r.status != "skipped"]
     backends = dict.fromkeys(b for b, _ in _columns(doc))
     pairs = [f"{b}:{n}/{b}:{d}" for b in backends for n, d in (("megatron_flag", "megatron"), ("flag", "explicit"))]
     notes = [t for t in (saved_pair(doc, p) for p in pairs) if t]
@@ -359,15 +363,15 @@ def _gbps(x) -> str:
     return "-" if x is None else (f"{x:.0f}" if x >= 100 else f"{x:.3g}")
 
 
-def decode_table(doc: dict) -> Table:
+def decode_table(doc: RunDocument) -> Table:
     """decode: per ok row, the bytes the step must move, its times and the achieved GB/s on each."""
     rows = []
-    for r in doc["rows"]:
-        if r.get("mode") != "decode" or r["status"] != "ok":
+    for r in doc.rows:
+        if r.mode != "decode" or r.status != "ok":
             continue
         gb = r.get("gbps") or {}
-        rows.append([r["shape_id"], f"{r['backend']}:{r['route']}", _mb(r.get("step_bytes")),
-                     _fmt_us(median(r, "gpu")), _gbps(gb.get("gpu")), _fmt_us(median(r, "wall")), _gbps(gb.get("wall"))])
+        rows.append([r.shape_id, r.spec, _mb(r.get("step_bytes")), _fmt_us(r.median("gpu")), _gbps(gb.get("gpu")),
+                     _fmt_us(r.median("wall")), _gbps(gb.get("wall"))])
     notes = ["GB/s = bytes the step must move / median time: q, k, v, gates and o once, the N states read and "
              "written once at the pool's dtype, the int64 indices, + the route's standalone l2norm passes "
              "(gdnbench/analysis/roofline.py); a backend that gathers and scatters its states moves more than that",
@@ -376,7 +380,7 @@ def decode_table(doc: dict) -> Table:
                                                               "GB/s gpu", "wall µs", "GB/s wall"], rows, notes)
 
 
-def report_tables(doc: dict, baseline: str | None = None, pairs: list[str] | None = None,
+def report_tables(doc: RunDocument, baseline: str | None = None, pairs: list[str] | None = None,
                   mode: str | None = None) -> list[Table]:
     """The tables of one mode's rows (default: the file's run mode)."""
     mode = mode or run_mode(doc)
@@ -396,24 +400,24 @@ def report_tables(doc: dict, baseline: str | None = None, pairs: list[str] | Non
     return tables
 
 
-def _matched(a: dict, b: dict, mode: str | None, backends: list[str] | None):
+def _matched(a: RunDocument, b: RunDocument, mode: str | None, backends: list[str] | None):
     """(row keys compared, A's rows, B's rows): CompareError when the shape sets differ; rows skipped in
     both runs are left out."""
     if run_mode(a) != run_mode(b):
         raise CompareError(f"modes differ: A is a {run_mode(a)} run, B a {run_mode(b)} run; compare runs of one mode")
     mode = mode or run_mode(a)
-    ha, hb = a["shape_set"]["hash"], b["shape_set"]["hash"]
-    if ha != hb:
-        raise CompareError(f"shape sets differ: {a['shape_set']['name']} v{a['shape_set']['version']} ({ha[:19]}) vs "
-                           f"{b['shape_set']['name']} v{b['shape_set']['version']} ({hb[:19]})")
+    sa, sb = a.shape_set, b.shape_set
+    if sa.hash != sb.hash:
+        raise CompareError(f"shape sets differ: {sa.name} v{sa.version} ({sa.hash[:19]}) vs "
+                           f"{sb.name} v{sb.version} ({sb.hash[:19]})")
     ia, ib = index_rows(a, mode), index_rows(b, mode)
     keys = [k for k in ia if k in ib] + [k for k in ib if k not in ia] + [k for k in ia if k not in ib]
     keys = [k for k in dict.fromkeys(keys) if not backends or k[1] in backends]
-    keys = [k for k in keys if any(r is not None and r["status"] != "skipped" for r in (ia.get(k), ib.get(k)))]
+    keys = [k for k in keys if any(r is not None and r.status != "skipped" for r in (ia.get(k), ib.get(k)))]
     return keys, ia, ib
 
 
-def compare_ratios(a: dict, b: dict, mode: str | None = None, backends: list[str] | None = None,
+def compare_ratios(a: RunDocument, b: RunDocument, mode: str | None = None, backends: list[str] | None = None,
                    rows: bool = False) -> list[tuple[str, float]]:
     """(label, B/A) of each time kind's geomean over the rows timed in both runs, and with ``rows`` of
     each such row: what ``gdnbench compare --fail-above`` holds against its limit."""
@@ -429,7 +433,7 @@ def compare_ratios(a: dict, b: dict, mode: str | None = None, backends: list[str
     return out
 
 
-def compare(a: dict, b: dict, mode: str | None = None, backends: list[str] | None = None) -> list[Table]:
+def compare(a: RunDocument, b: RunDocument, mode: str | None = None, backends: list[str] | None = None) -> list[Table]:
     """Per-row and geomean B/A time ratios of two runs of the same shape set.
 
     Rows skipped in both runs are left out; every other row without a time on both sides is
@@ -449,8 +453,8 @@ def compare(a: dict, b: dict, mode: str | None = None, backends: list[str] | Non
             else:
                 line += [_fmt_us(ta), _fmt_us(tb), "-"]
         if median(ra, "wall") is None or median(rb, "wall") is None:
-            notes.append(f"excluded {key[0]} {key[1]}:{key[2]}: A {ra['status'] if ra else 'missing'}, "
-                         f"B {rb['status'] if rb else 'missing'}")
+            notes.append(f"excluded {key[0]} {key[1]}:{key[2]}: A {ra.status if ra else 'missing'}, "
+                         f"B {rb.status if rb else 'missing'}")
         rows.append(line)
     for kind in reversed(TIME_KINDS):
         n = len(logs[kind])
@@ -461,86 +465,15 @@ def compare(a: dict, b: dict, mode: str | None = None, backends: list[str] | Non
     return [Table("compare B/A (median µs)", headers, rows, notes)]
 
 
-def to_markdown(tables: list[Table]) -> str:
-    out = []
-    for t in tables:
-        out.append(f"### {t.title}\n")
-        out.append("| " + " | ".join(t.columns) + " |")
-        out.append("|" + "|".join("---" for _ in t.columns) + "|")
-        for r in t.rows:
-            out.append("| " + " | ".join(c.replace("|", "\\|") for c in r) + " |")
-        out.append("")
-        for n in t.notes:
-            out.append(f"- {n}")
-        out.append("")
-    return "\n".join(out)
-
-
-def to_text(tables: list[Table]) -> str:
-    """Plain aligned columns at full width, nothing wrapped: the tables where stdout is no terminal."""
-    out = []
-    for t in tables:
-        widths = [max(len(x) for x in [c, *(r[i] if i < len(r) else "" for r in t.rows)])
-                  for i, c in enumerate(t.columns)]
-        out.append(t.title)
-        for line in [t.columns, ["-" * w for w in widths], *t.rows]:
-            out.append("  ".join(cell.ljust(w) for cell, w in zip(line, widths)).rstrip())
-        out += [f"  {n}" for n in t.notes] + [""]
-    return "\n".join(out)
-
-
-def to_csv(tables: list[Table]) -> str:
-    """Each table as a CSV block (a header line, then its rows), each line led by the table's title;
-    blocks separated by an empty line. Notes are left out."""
-    import csv
-    import io
-
-    buf = io.StringIO()
-    w = csv.writer(buf, lineterminator="\n")
-    for i, t in enumerate(tables):
-        if i:
-            buf.write("\n")
-        w.writerow(["table", *t.columns])
-        w.writerows([t.title, *r] for r in t.rows)
-    return buf.getvalue()
-
-
-def to_json(tables: list[Table]) -> str:
-    """{"tables": [{title, columns, rows: [{column: cell}], notes}]}."""
-    import json
-
-    return json.dumps({"tables": [{"title": t.title, "columns": t.columns,
-                                   "rows": [dict(zip(t.columns, r)) for r in t.rows], "notes": t.notes}
-                                  for t in tables]}, indent=1, ensure_ascii=False) + "\n"
-
-
-FORMATS = {"markdown": to_markdown, "csv": to_csv, "json": to_json, "text": to_text}
-
-
-def to_rich(t: Table):
-    from rich.markup import escape
-    from rich.table import Table as RichTable
-
-    rt = RichTable(title=escape(t.title), title_justify="left", show_lines=False)
-    for c in t.columns:
-        rt.add_column(escape(c), overflow="fold")
-    for r in t.rows:
-        rt.add_row(*(escape(c) for c in r))
-    if t.notes:
-        rt.caption = escape("\n".join(t.notes))
-        rt.caption_justify = "left"
-    return rt
-
-
-def time_spent(rows: list[dict]) -> dict:
+def time_spent(rows: list[Row]) -> dict:
     """Seconds a run spent on oracles (once per shape), row checks (prepare, first call, gate) and
     timing loops, summed from the rows' ``seconds`` (rows without it count nothing)."""
     oracle: dict[str, float] = {}
     check = timing = 0.0
     for r in rows:
-        sec = r.get("seconds") or {}
+        sec = r.seconds or {}
         if "oracle" in sec:
-            oracle[r["shape_id"]] = sec["oracle"]
+            oracle[r.shape_id] = sec["oracle"]
         check += sec.get("check", 0.0)
         timing += sec.get("timing", 0.0)
     return {"oracle": sum(oracle.values()), "check": check, "timing": timing}

@@ -112,6 +112,7 @@ import math
 import re
 from dataclasses import dataclass, field
 
+from ..data.records import Row, RunDocument
 from ..data.shapes import Shape, ShapeError
 from ..vocab import DTYPE_BYTES
 
@@ -289,29 +290,21 @@ class Floor:
         return self.flops / self.bytes if self.bytes else math.inf
 
 
-def _median(row: dict, kind: str) -> float | None:
-    if row.get("status") != "ok":
-        return None
-    t = row.get(kind)
-    v = t.get("median_us") if isinstance(t, dict) else None
-    return float(v) if isinstance(v, (int, float)) and v > 0 else None
-
-
 def floor_us(row_or_shape, route: str | None = None, calib: dict | None = None, *, shape: Shape | None = None) -> Floor:
     """The roofline floor of one forward call.
 
-    `row_or_shape`: a `Shape` (then `route` is required), or a results row (a dict with
-    shape_id, route, status, gpu/wall medians; then `shape=` gives its dimensions and `route`
-    defaults to the row's). For an ok row the fractions floor / measured median are filled in.
+    `row_or_shape`: a `Shape` (then `route` is required), or a results `Row` (then `shape=` gives
+    its dimensions and `route` defaults to the row's). For an ok row the fractions floor / measured
+    median are filled in.
     `calib`: {'bandwidth_bytes_per_s', 'matmul_flops_per_s', ...} (calibrate.measure / load_for)."""
     row = None
     if isinstance(row_or_shape, Shape):
         shape = row_or_shape
-    elif isinstance(row_or_shape, dict):
+    elif isinstance(row_or_shape, Row):
         row = row_or_shape
-        route = route or row.get("route")
+        route = route or row.route
         if shape is None:
-            raise RooflineError(f"row {row.get('shape_id')!r}: pass shape= (rows carry no dimensions)")
+            raise RooflineError(f"row {row.shape_id!r}: pass shape= (rows carry no dimensions)")
     else:
         raise RooflineError(f"expected a Shape or a results row, got {type(row_or_shape).__name__}")
     if route is None:
@@ -326,11 +319,11 @@ def floor_us(row_or_shape, route: str | None = None, calib: dict | None = None, 
     floor = max(mem, comp)
     gpu = wall = None
     if row is not None:
-        gpu, wall = _median(row, "gpu"), _median(row, "wall")
+        gpu, wall = row.median("gpu"), row.median("wall")
     return Floor(shape.id, route, nbytes, flops, flops_recurrent(shape), mem, comp, floor,
                  "memory" if mem >= comp else "compute", gpu, wall,
                  floor / gpu if gpu else None, floor / wall if wall else None,
-                 row.get("status") if row else None, row.get("backend") if row else None,
+                 row.status if row else None, row.backend if row else None,
                  {"bytes": bb, "flops": fb})
 
 
@@ -356,22 +349,22 @@ def shape_from_label(shape_id: str, label: str) -> Shape:
                  lower_bound=-5.0 if fam == "kda" else None)
 
 
-def shapes_for_doc(doc: dict, shape_set=None) -> tuple[dict[str, Shape], list[str]]:
+def shapes_for_doc(doc: RunDocument, shape_set=None) -> tuple[dict[str, Shape], list[str]]:
     """The shapes of a results document: from `shape_set` if given, else the set of that name
     under shapes/ when its hash matches the document's, else read from the labels (approximate;
     said in the notes)."""
     from ..data import shapes as shp
 
-    meta = doc.get("shape_set", {})
+    meta = doc.shape_set
     notes: list[str] = []
     if shape_set is None:
         try:
-            cand = shp.load(meta.get("name", ""))
+            cand = shp.load(meta.name)
         except ShapeError as e:
             cand, why = None, str(e)
         else:
-            why = f"shapes/{cand.name}.toml hash {cand.hash[:19]} differs from the file's {str(meta.get('hash'))[:19]}"
-            if cand.hash != meta.get("hash"):
+            why = f"shapes/{cand.name}.toml hash {cand.hash[:19]} differs from the file's {meta.hash[:19]}"
+            if cand.hash != meta.hash:
                 cand = None
         shape_set = cand
         if shape_set is None:
@@ -379,7 +372,7 @@ def shapes_for_doc(doc: dict, shape_set=None) -> tuple[dict[str, Shape], list[st
                          "lengths, dtype bf16, no initial states")
     if shape_set is not None:
         return {s.id: s for s in shape_set.shapes}, notes
-    labels = meta.get("shapes", {})
+    labels = meta.shapes or {}
     out = {}
     for sid, label in labels.items():
         try:
@@ -389,20 +382,20 @@ def shapes_for_doc(doc: dict, shape_set=None) -> tuple[dict[str, Shape], list[st
     return out, notes
 
 
-def doc_floors(doc: dict, calib: dict, mode: str = "fwd", shape_set=None,
+def doc_floors(doc: RunDocument, calib: dict, mode: str = "fwd", shape_set=None,
                include_skipped: bool = False) -> tuple[list[Floor], list[str]]:
     """A Floor per results row of `mode` (skipped rows left out unless asked), and notes."""
     shapes_by_id, notes = shapes_for_doc(doc, shape_set)
     out, missing = [], set()
-    for r in doc.get("rows", []):
-        if r.get("mode", "fwd") != mode or (r.get("status") == "skipped" and not include_skipped):
+    for r in doc.rows:
+        if r.mode != mode or (r.status == "skipped" and not include_skipped):
             continue
-        s = shapes_by_id.get(r["shape_id"])
+        s = shapes_by_id.get(r.shape_id)
         if s is None:
-            missing.add(r["shape_id"])
+            missing.add(r.shape_id)
             continue
-        if r["route"] not in ROUTE_L2_PASSES:
-            notes.append(f"{r['shape_id']} {r['backend']}:{r['route']}: unknown route, no floor")
+        if r.route not in ROUTE_L2_PASSES:
+            notes.append(f"{r.shape_id} {r.spec}: unknown route, no floor")
             continue
         out.append(floor_us(r, None, calib, shape=s))
     notes += [f"{sid}: no dimensions for this shape, rows left out" for sid in sorted(missing)]
@@ -426,7 +419,7 @@ DECODE_NOTE = ("bytes (decode): q, k, v, gates, o once, the N states read and wr
                "per sequence and value head")
 
 
-def roofline_table(doc: dict, calib: dict, mode: str = "fwd", shape_set=None):
+def roofline_table(doc: RunDocument, calib: dict, mode: str = "fwd", shape_set=None):
     """(title, columns, rows, notes) with a line per non-skipped row: bytes, FLOPs, floor,
     binding term, measured times and the fraction floor / measured (wrap with report.Table(*t))."""
     floors, notes = doc_floors(doc, calib, mode, shape_set)
@@ -439,8 +432,7 @@ def roofline_table(doc: dict, calib: dict, mode: str = "fwd", shape_set=None):
         rows.append([f.shape_id, f"{f.backend}:{f.route}", f"{f.bytes / 1e6:.1f}", f"{f.flops / 1e9:.2f}",
                      f"{f.intensity:.0f}", _fmt_us(f.floor_us), f.binding, _fmt_us(f.gpu_us), frac_g,
                      _fmt_us(f.wall_us), frac_w])
-    ss = doc.get("shape_set", {})
-    title = f"{ss.get('name', '?')} v{ss.get('version', '?')}: roofline floor per backend:route ({mode})"
+    title = f"{doc.shape_set.name} v{doc.shape_set.version}: roofline floor per backend:route ({mode})"
     notes = [f"calibration: {_calib_text(calib)}",
              "floor = max(bytes / copy bandwidth, matmul FLOPs / matmul rate); floor/gpu = floor / median gpu "
              "time (1 = at the roofline)",
@@ -451,7 +443,7 @@ def roofline_table(doc: dict, calib: dict, mode: str = "fwd", shape_set=None):
     return title, columns, rows, notes
 
 
-def best_floors(doc: dict, calib: dict, kind: str = "gpu", mode: str = "fwd",
+def best_floors(doc: RunDocument, calib: dict, kind: str = "gpu", mode: str = "fwd",
                 shape_set=None) -> dict[tuple[str, str], Floor]:
     """(shape_id, backend) -> the Floor of that backend's fastest ok route on the shape."""
     floors, _ = doc_floors(doc, calib, mode, shape_set)
@@ -467,7 +459,7 @@ def best_floors(doc: dict, calib: dict, kind: str = "gpu", mode: str = "fwd",
     return best
 
 
-def roofline_chart(doc: dict, calib: dict, out_png, kind: str = "gpu", mode: str = "fwd", shape_set=None):
+def roofline_chart(doc: RunDocument, calib: dict, out_png, kind: str = "gpu", mode: str = "fwd", shape_set=None):
     """Bars per shape and backend: floor / measured time of the backend's fastest ok route
     (1 = at the roofline), labelled with the time, the route, its floor and the binding term.
     Routes have different floors (fused_qk moves fewer bytes than explicit), so the height says how
@@ -512,8 +504,8 @@ def roofline_chart(doc: dict, calib: dict, out_png, kind: str = "gpu", mode: str
     ax.set_xticks(range(len(shapes)))
     ax.set_xticklabels(shapes, rotation=20, ha="right", fontsize=9)
     ax.set_ylabel(f"fraction of its own route's floor\n(floor / {kind} time; 1 = at the floor)")
-    ss = doc.get("shape_set", {})
-    ax.set_title(f"{ss.get('name', '?')} v{ss.get('version', '?')}: best route per backend vs that route's roofline "
+    ss = doc.shape_set
+    ax.set_title(f"{ss.name} v{ss.version}: best route per backend vs that route's roofline "
                  f"floor\n{_calib_text(calib)}\nfloors differ by route: a taller bar is nearer its own floor, not "
                  f"faster; compare the times. Label: % of floor, {kind} time, route, floor (fl), binding term",
                  fontsize=9)

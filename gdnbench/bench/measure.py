@@ -2,33 +2,39 @@
 
 Every (backend, route) pair asked for yields exactly one row, whatever happens:
 `skipped` (with the reason), `error` (the exception, one line), `incorrect` (the
-gate's figures, no times) or `ok` (gate figures and both times).
+gate's figures, no times) or `ok` (gate figures and both times). Rows are built as
+`records.Row`, which refuses any other combination, and leave as their JSON objects
+(`emit` takes dicts: the worker's stream and the runner's callbacks carry JSON).
 """
 
 from __future__ import annotations
 
 import time
 import traceback
+from dataclasses import fields
 from types import SimpleNamespace
 from typing import Callable
 
 from . import timing
 from ..backends.base import Backend, one_line
+from ..data.records import Check, ResultsError, Row, Stats
 from ..data.shapes import Shape
 
+ROW_FIELDS = {f.name for f in fields(Row)} - {"extras", "nulls"}
 
-def base_row(shape: Shape, backend: str, route: str, mode: str, status: str, reason: str = "", **extra) -> dict:
-    row = {
-        "shape_id": shape.id,
-        "family": shape.family,
-        "backend": backend,
-        "route": route,
-        "mode": mode,
-        "status": status,
-        "reason": reason,
-    }
-    row.update(extra)
-    return row
+
+def make_row(shape: Shape, backend: str, route: str, mode: str, status: str, reason: str = "", **parts) -> Row:
+    """A row of ``shape``: ``parts`` are Row fields by name (None: written as null) or, for any other
+    name, extras (saved_bytes, traceback, ...). ResultsError when the parts break a row's rules."""
+    typed = {k: v for k, v in parts.items() if k in ROW_FIELDS}
+    return Row(shape.id, shape.family, backend, route, mode, status, reason, **typed,
+               extras={k: v for k, v in parts.items() if k not in ROW_FIELDS},
+               nulls=frozenset(k for k, v in typed.items() if v is None))
+
+
+def base_row(shape: Shape, backend: str, route: str, mode: str, status: str, reason: str = "", **parts) -> dict:
+    """`make_row`'s row as its JSON object (the runner's rows for a worker that died)."""
+    return make_row(shape, backend, route, mode, status, reason, **parts).to_dict()
 
 
 def _finite(out) -> bool:
@@ -47,7 +53,7 @@ def _mode_ops(mode: str) -> SimpleNamespace:
     call changes the closure's own state (decode steps its pool), so the gate gets a fresh closure.
     `judge_layer` adds a layer's gradients around the route to the verdict (fwd_bwd only).
     The rest of a row's life is the same for every mode."""
-    same = dict(finish=lambda row, shape: None, stateful=False)
+    same = dict(finish=lambda shape, route, times: {}, stateful=False)
     if mode == "fwd_bwd":
         from .modes import layer, train
 
@@ -123,7 +129,9 @@ def measure_shape(shape: Shape, backends: list[Backend], routes: list[str], mode
                 first_ms, out = timing.first_call_ms(fn)
                 info["variant"] = b.variant(shape, r)  # again: some backends learn what ran on the first call
                 if not ops.finite(out):
-                    emit(base_row(shape, b.name, r, mode, "incorrect", ops.nan_reason, first_call_ms=first_ms, **info))
+                    emit(base_row(shape, b.name, r, mode, "incorrect", ops.nan_reason,
+                                  check=Check(False, ops.nan_reason, {"finite": False}), first_call_ms=first_ms,
+                                  **info))
                     continue
                 del out
                 check_fn = fn if small is full and not ops.stateful else ops.prepare(b, check_shape, r, small)
@@ -131,12 +139,13 @@ def measure_shape(shape: Shape, backends: list[Backend], routes: list[str], mode
                 verdict = ops.judge_layer(verdict, oracle, b, check_shape, r, small)
                 seconds["check"] = round(time.perf_counter() - t0, 3)
                 del check_fn
+                check = Check.from_dict(verdict.to_dict())
                 if not verdict.passed:
-                    emit(base_row(shape, b.name, r, mode, "incorrect", verdict.reason, check=verdict.to_dict(),
+                    emit(base_row(shape, b.name, r, mode, "incorrect", verdict.reason, check=check,
                                   first_call_ms=first_ms, **info))
                     continue
                 info.update(ops.extras(fn, device))
-                ready[(b.name, r)] = {"fn": fn, "backend": b, "first_ms": first_ms, "verdict": verdict, "info": info}
+                ready[(b.name, r)] = {"fn": fn, "backend": b, "first_ms": first_ms, "check": check, "info": info}
             except Exception as e:  # a backend failure is data: record it and go on
                 emit(base_row(shape, b.name, r, mode, "error", one_line(e), traceback=traceback.format_exc()[-2000:],
                               **info))
@@ -147,7 +156,7 @@ def measure_shape(shape: Shape, backends: list[Backend], routes: list[str], mode
 
 
 def _time_all(shape, ready: dict, mode: str, device: str, params: timing.TimingParams, emit,
-              finish: Callable[[dict, Shape], None] = lambda row, shape: None) -> None:
+              finish: Callable[[Shape, str, dict], dict] = lambda shape, route, times: {}) -> None:
     cuda = device == "cuda"
     failed: dict[tuple[str, str], str] = {}
     pool = timing.graph_pool() if cuda else None
@@ -185,30 +194,37 @@ def _time_all(shape, ready: dict, mode: str, device: str, params: timing.TimingP
     for key, st in ready.items():
         b, r = st["backend"], key[1]
         st["info"]["seconds"]["timing"] = round(st["timing_s"], 3)
-        common = dict(check=st["verdict"].to_dict(), first_call_ms=st["first_ms"], **st["info"])
+        common = dict(check=st["check"], first_call_ms=st["first_ms"], **st["info"])
+        if key not in failed:
+            try:
+                times = _times(st, params, cuda)
+                times.update(finish(shape, r, {k: t.median_us for k, t in times.items() if isinstance(t, Stats)}))
+                emit(base_row(shape, b.name, r, mode, "ok", "", timing_meaningful=cuda, **common, **times))
+            except ResultsError as e:  # times a row cannot carry (a zero or NaN median): data too
+                failed[key] = f"the times are not a valid row: {e}"
         if key in failed:
             emit(base_row(shape, b.name, r, mode, "error", f"while timing: {failed[key]}", **common))
-            continue
-        row = base_row(shape, b.name, r, mode, "ok", "", timing_meaningful=cuda, **common)
-        row["wall"] = timing.summarize(st["wall"], params.iters)
-        if cuda:
-            per_round = params.iters if st["graph"] is not None else 1
-            row["gpu"] = timing.summarize(st["gpu"], per_round)
-            row["gpu"]["method"] = "graph" if st["graph"] is not None else "profiler"
-            if "graph_error" in st:
-                row["gpu"]["graph_error"] = st["graph_error"]
-            try:
-                split = timing.profiler_kernels(st["fn"], params.profiler_iters)
-                row["profiler_us"] = sum(split.values())
-                row["kernels_us"] = {n: round(t, 2) for n, t in split.items()}
-            except Exception as e:
-                row["profiler_us"] = None
-                row["profiler_error"] = one_line(e)
-            w, g = row["wall"]["median_us"], row["gpu"]["median_us"]
-            row["host_bound"] = timing.host_bound(w, g)
-        else:
-            row["gpu"] = None
-            row["host_bound"] = None
-        finish(row, shape)
-        emit(row)
         st["graph"] = None
+
+
+def _times(st: dict, params: timing.TimingParams, cuda: bool) -> dict:
+    """An ok row's time fields: wall and gpu stats, the profiler's split, host_bound (on the CPU:
+    no gpu time, no host_bound)."""
+    wall = Stats.from_dict(timing.summarize(st["wall"], params.iters))
+    if not cuda:
+        return {"wall": wall, "gpu": None, "host_bound": None}
+    per_round = params.iters if st["graph"] is not None else 1
+    g = timing.summarize(st["gpu"], per_round)
+    g["method"] = "graph" if st["graph"] is not None else "profiler"
+    if "graph_error" in st:
+        g["graph_error"] = st["graph_error"]
+    out = {"wall": wall, "gpu": Stats.from_dict(g)}
+    try:
+        split = timing.profiler_kernels(st["fn"], params.profiler_iters)
+        out["profiler_us"] = sum(split.values())
+        out["kernels_us"] = {n: round(t, 2) for n, t in split.items()}
+    except Exception as e:
+        out["profiler_us"] = None
+        out["profiler_error"] = one_line(e)
+    out["host_bound"] = timing.host_bound(wall.median_us, out["gpu"].median_us)
+    return out

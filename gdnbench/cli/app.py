@@ -108,10 +108,10 @@ def run(
             from ..data import results
 
             prior, _ = results.load_resumable(resume)
-            run0, t0 = prior.get("run") or {}, prior["timing"]
+            run0, t0 = prior.run or {}, prior.timing
             if out is not None:
                 raise UsageError("--resume writes back to its own file; leave out --out")
-            shapes = shapes or [prior["shape_set"]["name"]]
+            shapes = shapes or [prior.shape_set.name]
             mode = mode or run0.get("mode")
             backends = backends or run0.get("backends")
             routes = routes or run0.get("routes")
@@ -196,12 +196,11 @@ def _run(shapes, backends, routes, shape_ids, mode, device, out, l2, warmup, rou
                 print_tables(console, rep.report_tables(prior))
                 continue
             console.print(f"resuming {path}: {len(wanted)} shape(s) to measure: {', '.join(wanted)}", markup=False)
-            header = {k: v for k, v in prior.items() if k != "rows"}
+            header = prior
         else:
             path = fresh_path(out, results.default_path(env, ss.name, stamp, mode))
             header = results.make_document(env, ss, params.describe(), run_info, [], stamp)
-            prior = {"rows": []}
-        codes.append(measure_and_write(ss, wanted, backend_names, routes_l, header, prior["rows"], Path(path),
+        codes.append(measure_and_write(ss, wanted, backend_names, routes_l, header, Path(path),
                                         resume, stamp, plot_chart, mode, lambda on_row, on_shape: run_set(
             ss, backend_names, routes_l, mode, device, check_tokens, params, wanted, isolate, on_row, on_shape,
             worker_timeout, options=options or _backend_options())))
@@ -251,16 +250,16 @@ def _check_format(fmt: str) -> None:
         _fail(f"--format {fmt!r}: use {', '.join(FORMAT_NAMES)}")
 
 
-def _check_baseline(doc: dict, baseline: Optional[str]) -> None:
+def _check_baseline(doc, baseline: Optional[str]) -> None:
     """A --baseline must name a backend:route of the file (else every ratio would read '-')."""
-    known = sorted({f"{r['backend']}:{r['route']}" for r in doc.get("rows", [])})
+    known = sorted({r.spec for r in doc.rows})
     if baseline is not None and baseline not in known:
         raise UsageError(f"--baseline {baseline!r}: not in this file (its backend:routes: {', '.join(known)})")
 
 
-def _check_pairs(doc: dict, pairs: list[str]) -> list[str]:
+def _check_pairs(doc, pairs: list[str]) -> list[str]:
     """Each --pair is NUM/DEN, each side a backend:route (or backend:best) of the file."""
-    known = {f"{r['backend']}:{r['route']}" for r in doc["rows"]} | {f"{r['backend']}:best" for r in doc["rows"]}
+    known = {r.spec for r in doc.rows} | {f"{r.backend}:best" for r in doc.rows}
     for p in pairs:
         sides = p.split("/")
         if len(sides) != 2 or not all(s.count(":") == 1 for s in sides):
@@ -272,7 +271,7 @@ def _check_pairs(doc: dict, pairs: list[str]) -> list[str]:
     return pairs
 
 
-def _calibration_for(doc: dict, file) -> dict:
+def _calibration_for(doc, file) -> dict:
     from ..analysis.calibrate import load_for_doc
 
     calib = load_for_doc(doc, beside=file)
@@ -281,14 +280,14 @@ def _calibration_for(doc: dict, file) -> dict:
     return calib
 
 
-def _roofline_tables(doc: dict, file, mode: str = "fwd") -> list:
+def _roofline_tables(doc, file, mode: str = "fwd") -> list:
     """The distance of each row to its roofline floor, when the run's GPU has a calibration."""
     from ..analysis import calibrate
     from ..analysis.roofline import roofline_table
 
     calib = calibrate.load_for_doc(doc, beside=file)
     if calib is None:
-        gpu = (doc.get("env", {}).get("gpu") or {}).get("name")
+        gpu = (doc.env.get("gpu") or {}).get("name")
         if not gpu:
             return []
         return [rep.Table("roofline", ["note"], [[f"no calibration for {gpu}: run `gdnbench calibrate` on it"]])]

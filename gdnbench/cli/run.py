@@ -33,9 +33,13 @@ def fresh_path(out: Optional[Path], named: Path) -> Path:
     return out
 
 
-def measure_and_write(ss, wanted, backend_names, routes_l, header, prior_rows, path: Path, resume, stamp,
-                       plot_chart, mode, go) -> int:
-    """Measure, journaling each row; write the document (complete or marked interrupted); the exit code."""
+def measure_and_write(ss, wanted, backend_names, routes_l, header, path: Path, resume, stamp, plot_chart, mode,
+                      go) -> int:
+    """Measure, journaling each row; write the document (complete or marked interrupted); the exit code.
+    ``header``: the document measured rows join (a new run's, without rows; a resumed run's, with its
+    rows)."""
+    from dataclasses import replace
+
     from ..data import results
 
     journal = Journal(journal_path(path), header)
@@ -48,12 +52,10 @@ def measure_and_write(ss, wanted, backend_names, routes_l, header, prior_rows, p
     interrupted = str(stopped) if stopped is not None else None
     with deferred_signals():
         if resume is not None:
-            doc = results.merge_resumed({**header, "rows": prior_rows}, rows, wanted,
-                                        list(header["shape_set"]["shapes"]),
-                                        {"argv": sys.argv[1:], "utc": stamp, "shapes": wanted,
-                                         "interrupted": interrupted})
+            doc = results.merge_resumed(header, rows, wanted, {"argv": sys.argv[1:], "utc": stamp, "shapes": wanted,
+                                                               "interrupted": interrupted})
         else:
-            doc = {**header, "run": {**header["run"], "interrupted": interrupted}, "rows": rows}
+            doc = replace(header, run={**(header.run or {}), "interrupted": interrupted}, rows=rows)
         written = results.write_atomic(doc, path)
         journal.remove()
     say("wrote", "green", str(written))
@@ -61,7 +63,7 @@ def measure_and_write(ss, wanted, backend_names, routes_l, header, prior_rows, p
     console.print(f"{len(wanted)} shape(s) in {wall:.0f} s: oracles {spent['oracle']:.0f} s, checks (first calls "
                   f"included) {spent['check']:.0f} s, timing {spent['timing']:.0f} s, the rest (worker start, "
                   f"imports, inputs) {max(wall - sum(spent.values()), 0):.0f} s", highlight=False)
-    if plot_chart and any(r["status"] == "ok" for r in doc["rows"]):
+    if plot_chart and any(r.status == "ok" for r in doc.rows):
         from ..analysis.plot import plot
 
         say("chart", "green", str(plot(doc, Path(written).with_suffix(".png"), mode=mode)))
@@ -70,7 +72,7 @@ def measure_and_write(ss, wanted, backend_names, routes_l, header, prior_rows, p
             f"{interrupted}; the {len(rows)} rows measured so far were written to {written} (continue with: "
             f"gdnbench run --resume {written})"), highlight=False, soft_wrap=True)
         return stopped.exit_code if isinstance(stopped, Stopped) else EXIT_STOPPED_BY_ERROR
-    return EXIT_OK if any(r["status"] == "ok" for r in rows) else EXIT_NOTHING_MEASURED
+    return EXIT_OK if any(r.status == "ok" for r in rows) else EXIT_NOTHING_MEASURED
 
 
 class _RunError(Exception):
@@ -80,16 +82,18 @@ class _RunError(Exception):
 def _run_with_progress(ss, total: int, go, journal_row):
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
-    collected: list[dict] = []
+    from ..data.records import Row
+
+    collected: list[Row] = []
     with Progress(TextColumn("{task.description}", markup=False), BarColumn(), MofNCompleteColumn(),
                   TimeElapsedColumn(), TimeRemainingColumn(), console=err_console, transient=False) as progress:
         task = progress.add_task(ss.name, total=total)
 
-        def on_row(row):
+        def on_row(obj: dict):
+            row = Row.from_dict(obj)  # the runner's rows are JSON objects
             journal_row(row)
             collected.append(row)
-            progress.update(task, advance=1,
-                            description=f"{ss.name} {row['shape_id']} {row['backend']}:{row['route']} {row['status']}")
+            progress.update(task, advance=1, description=f"{ss.name} {row.shape_id} {row.spec} {row.status}")
 
         def on_shape(shape):
             progress.update(task, description=f"{ss.name} {shape.id}")

@@ -16,6 +16,8 @@ import signal
 from contextlib import contextmanager
 from pathlib import Path
 
+from .records import ResultsError, Row, RunDocument
+
 JOURNAL_SUFFIX = ".jsonl"
 STOP_SIGNALS = ("SIGINT", "SIGTERM", "SIGHUP")
 
@@ -35,21 +37,21 @@ def results_path_of(path: str | Path) -> Path:
 class Journal:
     """Append-only rows of one run; each line flushed and synced as it is written."""
 
-    def __init__(self, path: Path, header: dict | None):
+    def __init__(self, path: Path, header: RunDocument | None):
         self.path = Path(path)
         self.path.parent.mkdir(parents=True, exist_ok=True)
         fresh = not self.path.exists() or self.path.stat().st_size == 0
         self._fh = open(self.path, "a")
         if fresh and header is not None:
-            self._write({"journal": 1, **header})
+            self._write({"journal": 1, **header.header()})
 
     def _write(self, obj: dict) -> None:
         self._fh.write(json.dumps(obj, allow_nan=True) + "\n")
         self._fh.flush()
         os.fsync(self._fh.fileno())
 
-    def append(self, row: dict) -> None:
-        self._write(row)
+    def append(self, row: Row) -> None:
+        self._write(row.to_dict())
 
     def close(self) -> None:
         if not self._fh.closed:
@@ -61,9 +63,10 @@ class Journal:
         self.path.unlink(missing_ok=True)
 
 
-def read(path: str | Path) -> tuple[dict | None, list[dict]]:
-    """The header (None when absent) and the rows of a journal; a half-written last line (a
-    process killed mid-write) is dropped."""
+def read(path: str | Path) -> tuple[RunDocument | None, list[Row]]:
+    """The header (a document without rows; None when absent) and the rows of a journal; a
+    half-written last line (a process killed mid-write) is dropped. A line that is whole but not a
+    row raises ResultsError naming the journal and the line."""
     header, rows = None, []
     with open(path) as fh:
         for i, line in enumerate(fh):
@@ -74,9 +77,13 @@ def read(path: str | Path) -> tuple[dict | None, list[dict]]:
             if not isinstance(obj, dict):
                 break
             if i == 0 and "journal" in obj:
-                header = {k: v for k, v in obj.items() if k != "journal"}
-            else:
-                rows.append(obj)
+                obj = {k: v for k, v in obj.items() if k != "journal"}
+                header = RunDocument.from_dict({**obj, "rows": []}, f"{path}: line 1")
+                continue
+            try:
+                rows.append(Row.from_dict(obj))
+            except ResultsError as e:
+                raise e.at(f"{path}: line {i + 1}") from None
     return header, rows
 
 

@@ -1,7 +1,7 @@
-"""Results files: schema, environment capture, atomic writes, loading with a version check.
+"""Results files: environment capture, atomic writes, loading, resuming.
 
-One JSON file per (run, shape set). Top level: schema_version, created_utc, env, shape_set,
-timing, run, rows. No torch import at module load; `capture_env` imports it lazily.
+One JSON file per (run, shape set): a `RunDocument` (gdnbench.data.records, which checks the
+schema version and every row). No torch import at module load; `capture_env` imports it lazily.
 """
 
 from __future__ import annotations
@@ -15,18 +15,14 @@ import re
 import socket
 import subprocess
 import tempfile
+from dataclasses import replace
 from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 
 from ..paths import PACKAGE_DIR, results_dir
+from ..vocab import ROW_STATUSES  # noqa: F401  (read here by older callers)
 from .files import read_text
-
-SCHEMA_VERSION = 1
-ROW_STATUSES = ("ok", "skipped", "incorrect", "error")
-
-
-class ResultsError(ValueError):
-    """A results file that cannot be used; the message names the file."""
+from .records import SCHEMA_VERSION, ResultsError, Row, RunDocument, ShapeSetInfo, thaw  # noqa: F401
 
 
 def dist_version(name: str) -> str | None:
@@ -184,22 +180,15 @@ def claim_path(path: Path) -> Path:
             continue
 
 
-def make_document(env: dict, shape_set, timing: dict, run: dict, rows: list[dict], stamp: str) -> dict:
-    return {
-        "schema_version": SCHEMA_VERSION,
-        "created_utc": stamp,
-        "env": env,
-        "shape_set": {"name": shape_set.name, "version": shape_set.version, "hash": shape_set.hash,
-                      "families": list(shape_set.families),
-                      "shapes": {s.id: s.label() for s in shape_set.shapes}},
-        "timing": timing,
-        "run": run,
-        "rows": rows,
-    }
+def make_document(env: dict, shape_set, timing: dict, run: dict, rows: list[Row], stamp: str) -> RunDocument:
+    return RunDocument(env=env, shape_set=ShapeSetInfo.of(shape_set), timing=timing, run=run, rows=rows,
+                       created_utc=stamp)
 
 
 def write_atomic(doc: dict, path: Path) -> Path:
+    """``doc`` (a JSON object, or a record with ``to_dict``) written to ``path`` by an atomic rename."""
     path = Path(path)
+    doc = doc.to_dict() if hasattr(doc, "to_dict") else doc
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=path.name, suffix=".tmp", dir=path.parent)
     try:
@@ -224,69 +213,12 @@ def read_json(path: str | Path, error: type[ValueError], what: str):
         raise error(f"{path}: not valid JSON ({e.msg} at line {e.lineno})") from None
 
 
-def load(path: str | Path) -> dict:
-    p = str(path)
-    return validate(read_json(path, ResultsError, "results file"), p)
+def load(path: str | Path) -> RunDocument:
+    """The results document of a file; ResultsError naming the file, the row and the field."""
+    return RunDocument.from_dict(read_json(path, ResultsError, "results file"), str(path))
 
 
-def validate(doc, p: str) -> dict:
-    """``doc`` when it is a usable results document, else ResultsError naming ``p`` and the field."""
-    if not isinstance(doc, dict) or "schema_version" not in doc:
-        raise ResultsError(f"{p}: not a gdnbench results file (no schema_version)")
-    if doc["schema_version"] != SCHEMA_VERSION:
-        raise ResultsError(f"{p}: schema_version {doc['schema_version']!r}, this gdnbench reads "
-                           f"{SCHEMA_VERSION}; use the gdnbench version that wrote it")
-    for key in ("env", "shape_set", "timing", "rows"):
-        if key not in doc:
-            raise ResultsError(f"{p}: missing top-level key {key!r}")
-    for key in ("env", "shape_set", "timing", "run"):
-        if key in doc and not isinstance(doc[key], dict) and not (key == "run" and doc[key] is None):
-            raise ResultsError(f"{p}: top-level {key!r}: expected an object, got {_kind(doc[key])}")
-    for key in ("name", "hash"):
-        if not isinstance(doc["shape_set"].get(key), str):
-            raise ResultsError(f"{p}: shape_set.{key}: expected a string, got {_kind(doc['shape_set'].get(key))}")
-    if not isinstance(doc["shape_set"].get("shapes", {}), dict):
-        raise ResultsError(f"{p}: shape_set.shapes: expected an object, got {_kind(doc['shape_set']['shapes'])}")
-    if not isinstance(doc["rows"], list):
-        raise ResultsError(f"{p}: top-level 'rows': expected a list of objects, got {_kind(doc['rows'])}")
-    for i, row in enumerate(doc["rows"]):
-        _check_row(row, f"{p}: row {i}")
-    return doc
-
-
-def _kind(value) -> str:
-    """A JSON value's kind and the value, briefly, for an error message."""
-    names = {dict: "an object", list: "a list", str: "a string", bool: "a boolean", int: "a number",
-             float: "a number", type(None): "null"}
-    shown = repr(value) if not isinstance(value, (dict, list)) else ""
-    return f"{names.get(type(value), type(value).__name__)} {shown[:60]}".strip()
-
-
-def _check_row(row, where: str) -> None:
-    """A row's fields have the types report, compare and plot read (times: positive numbers)."""
-    if not isinstance(row, dict):
-        raise ResultsError(f"{where}: expected an object, got {_kind(row)}")
-    for key in ("shape_id", "backend", "route", "mode", "status"):
-        if key not in row:
-            raise ResultsError(f"{where}: missing field {key!r}")
-        if not isinstance(row[key], str):
-            raise ResultsError(f"{where}: field {key!r}: expected a string, got {_kind(row[key])}")
-    if row["status"] not in ROW_STATUSES:
-        raise ResultsError(f"{where}: status {row['status']!r} is not one of {ROW_STATUSES}")
-    if not isinstance(row.get("reason", ""), str):
-        raise ResultsError(f"{where}: field 'reason': expected a string, got {_kind(row['reason'])}")
-    for key in ("check", "wall", "gpu", "seconds"):
-        if row.get(key) is not None and not isinstance(row[key], dict):
-            raise ResultsError(f"{where}: field {key!r}: expected an object or null, got {_kind(row[key])}")
-    for key in ("wall", "gpu"):
-        t = row.get(key) or {}
-        if "median_us" in t or (key == "wall" and row["status"] == "ok" and row.get("wall") is not None):
-            m = t.get("median_us")
-            if isinstance(m, bool) or not isinstance(m, (int, float)) or not 0 < m < float("inf"):
-                raise ResultsError(f"{where}: field '{key}.median_us': expected a positive number, got {_kind(m)}")
-
-
-def load_resumable(path: str | Path) -> tuple[dict, Path]:
+def load_resumable(path: str | Path) -> tuple[RunDocument, Path]:
     """What a stopped or killed run kept, and the results path to write back to.
 
     ``path`` names a results file or its journal. The document, when there is one, with the rows
@@ -297,73 +229,76 @@ def load_resumable(path: str | Path) -> tuple[dict, Path]:
     final = results_path_of(path)
     jpath = journal_path(final)
     has_journal = jpath.is_file() and jpath.stat().st_size > 0
+    rows: list[Row] = []
+    if has_journal:
+        try:
+            header, rows = read(jpath)
+        except (OSError, UnicodeDecodeError) as e:
+            raise ResultsError(f"{jpath}: unreadable journal ({type(e).__name__})") from None
     if final.exists() or not has_journal:
         doc = load(final)
     else:
-        try:
-            header, _ = read(jpath)
-        except (OSError, UnicodeDecodeError) as e:
-            raise ResultsError(f"{jpath}: unreadable journal ({type(e).__name__})") from None
         if header is None:
             raise ResultsError(f"{jpath}: a journal without its header line; nothing to resume from")
-        doc = validate({**header, "rows": []}, str(jpath))
-        doc["run"] = {**(doc.get("run") or {}), "interrupted": "killed (rows from its journal)"}
-    if has_journal:
-        _, rows = read(jpath)
-        validate({**doc, "rows": rows}, str(jpath))
-        doc = fold_journal(doc, rows)
+        doc = replace(header, run={**(header.run or {}), "interrupted": "killed (rows from its journal)"})
+    if rows:
+        doc = fold_journal(doc, rows, str(jpath))
     return doc, final
 
 
-def fold_journal(doc: dict, rows: list[dict]) -> dict:
+def _in_set_order(rows: list[Row], order) -> list[Row]:
+    """``rows`` sorted by shape in set order (stable: a shape's rows keep theirs)."""
+    rank = {s: i for i, s in enumerate(order)}
+    return sorted(rows, key=lambda r: rank.get(r.shape_id, len(rank)))
+
+
+def fold_journal(doc: RunDocument, rows: list[Row], source: str = "") -> RunDocument:
     """``doc`` with its rows of the shapes that ``rows`` holds replaced by those (a shape is measured
     whole, so the later rows of a shape are the newer measurement), in shape-set order."""
-    fresh = {r["shape_id"] for r in rows}
-    kept = [r for r in doc["rows"] if r["shape_id"] not in fresh]
-    order = list((doc.get("shape_set") or {}).get("shapes") or {})
-    rank = {s: i for i, s in enumerate(order)}
-    return {**doc, "rows": sorted(kept + rows, key=lambda r: rank.get(r["shape_id"], len(rank)))}
+    fresh = {r.shape_id for r in rows}
+    kept = [r for r in doc.rows if r.shape_id not in fresh]
+    try:
+        return doc.with_rows(_in_set_order(kept + list(rows), doc.shape_set.ids))
+    except ResultsError as e:
+        raise (e.at(source) if source else e) from None
 
 
 # ----------------------------------------------------------------------------- resuming a run
-def _context(env: dict) -> dict:
+def _context(env) -> dict:
     """What must not change between a run and its resumption: device, GPU, versions, code."""
     return {"device": env.get("device"), "gpu": (env.get("gpu") or {}).get("name"),
-            "versions": env.get("versions"), "git": env.get("git")}
+            "versions": thaw(env.get("versions")), "git": thaw(env.get("git"))}
 
 
-def check_resumable(doc: dict, path, env: dict, shape_set) -> None:
+def check_resumable(doc: RunDocument, path, env: dict, shape_set) -> None:
     """ResultsError (one line, naming the file and what differs) unless ``doc`` was measured on this
     shape set, device, GPU, package versions and code, so that old and new rows compare."""
-    got = doc["shape_set"]
-    want = {"name": shape_set.name, "version": shape_set.version, "hash": shape_set.hash}
-    for key, value in want.items():
-        if got.get(key) != value:
-            raise ResultsError(f"{path}: shape set {key} {got.get(key)!r} differs from this one's {value!r}; "
-                               f"resume a file of the same shape set")
-    old, new = _context(doc["env"]), _context(env)
+    got = doc.shape_set
+    for key in ("name", "version", "hash"):
+        if getattr(got, key) != getattr(shape_set, key):
+            raise ResultsError(f"{path}: shape set {key} {getattr(got, key)!r} differs from this one's "
+                               f"{getattr(shape_set, key)!r}; resume a file of the same shape set")
+    old, new = _context(doc.env), _context(env)
     for key in old:
         if old[key] != new[key]:
             raise ResultsError(f"{path}: measured with {key} {old[key]!r}, here {new[key]!r}; a resumed run "
                                f"needs the same device, GPU, versions and code")
 
 
-def shapes_to_resume(doc: dict, shape_ids: list[str], pairs: list[tuple[str, str]]) -> list[str]:
+def shapes_to_resume(doc: RunDocument, shape_ids: list[str], pairs: list[tuple[str, str]]) -> list[str]:
     """The shapes (of ``shape_ids``, in order) that lack a row for some (backend, route) in ``pairs``."""
     have: dict[str, set] = {}
-    for r in doc["rows"]:
-        have.setdefault(r["shape_id"], set()).add((r["backend"], r["route"]))
+    for r in doc.rows:
+        have.setdefault(r.shape_id, set()).add((r.backend, r.route))
     return [s for s in shape_ids if not set(pairs) <= have.get(s, set())]
 
 
-def merge_resumed(doc: dict, new_rows: list[dict], rerun: list[str], shape_order: list[str], run_note: dict) -> dict:
+def merge_resumed(doc: RunDocument, new_rows: list[Row], rerun: list[str], run_note: dict) -> RunDocument:
     """``doc`` with the rows of the re-run shapes replaced by ``new_rows`` (a shape is always measured
     whole: its routes are interleaved), rows in shape-set order, and the resumption noted in
     run['resumed']."""
-    kept = [r for r in doc["rows"] if r["shape_id"] not in set(rerun)]
-    rank = {s: i for i, s in enumerate(shape_order)}
-    rows = sorted(kept + new_rows, key=lambda r: rank.get(r["shape_id"], len(rank)))  # stable within a shape
-    run = dict(doc.get("run") or {})
+    kept = [r for r in doc.rows if r.shape_id not in set(rerun)]
+    run = thaw(doc.run) or {}
     run["resumed"] = list(run.get("resumed", [])) + [run_note]
     run["interrupted"] = run_note.get("interrupted")
-    return {**doc, "run": run, "rows": rows}
+    return replace(doc, run=run, rows=_in_set_order(kept + list(new_rows), doc.shape_set.ids))

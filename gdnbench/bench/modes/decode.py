@@ -85,14 +85,13 @@ def finite(out) -> bool:
     return bool(torch.isfinite(o).all()) and bool(torch.isfinite(pool).all())
 
 
-def finish(row: dict, shape: Shape) -> None:
-    """An ok row's bytes per step and achieved GB/s on each time it has."""
+def finish(shape: Shape, route: str, times: dict) -> dict:
+    """An ok row's bytes per step and achieved GB/s on each time it has (``times``: kind -> median µs,
+    None where the row has no such time)."""
     from ...analysis.roofline import ROUTE_L2_PASSES, bytes_floor
 
-    if row["route"] not in ROUTE_L2_PASSES:
-        row["step_bytes"], row["gbps"] = None, None
-        return
-    nbytes = bytes_floor(shape, row["route"])
-    row["step_bytes"] = nbytes
-    row["gbps"] = {kind: (nbytes / t["median_us"] / 1e3 if isinstance(t, dict) and t.get("median_us") else None)
-                   for kind, t in (("gpu", row.get("gpu")), ("wall", row.get("wall")))}
+    if route not in ROUTE_L2_PASSES:
+        return {"step_bytes": None, "gbps": None}
+    nbytes = bytes_floor(shape, route)
+    return {"step_bytes": nbytes,
+            "gbps": {kind: (nbytes / times[kind] / 1e3 if times.get(kind) else None) for kind in ("gpu", "wall")}}
