@@ -199,7 +199,8 @@ def test_fake_backends_every_pair_gets_one_row():
     assert ok["check"]["shortened"] is True and ok["check"]["tokens"] == 64  # 2 x 32 of 2 x 100
     wrong = by[("gdn_fixed_b2", "fake_wrong", "explicit")]
     assert wrong["status"] == "incorrect" and "wall" not in wrong and wrong["check"]["err_o"] > 0.05
-    assert by[("kda_packed_gva2", "fake_nan", "explicit")]["status"] == "incorrect"
+    nan = by[("kda_packed_gva2", "fake_nan", "explicit")]
+    assert nan["status"] == "incorrect" and nan["check"]["passed"] is False and "wall" not in nan
     err = by[("gdn_fixed_b2", "fake_raising", "explicit")]
     assert err["status"] == "error" and "out of resources" in err["reason"]
     assert by[("gdn_fixed_b2", "fake_unavailable", "explicit")]["reason"] == "library not installed"

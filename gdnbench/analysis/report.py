@@ -1,10 +1,11 @@
 """Tables and geomean time ratios from results documents (no torch, no GPU).
 
-Documents and rows are the typed records of gdnbench.data.records. A ratio pair is written NUM/DEN with each side `backend:route`; route `best` means the
-fastest ok route of that backend on each shape. A geomean is taken over the shapes
-where both sides are `ok`; every shape left out is listed with the reason, and the
-count is always printed. Each ratio is given on both times: `wall` (events around eager
-calls) and `gpu` (kernels' own time).
+Documents and rows are the typed records of gdnbench.data.records; the tables' renderings live in
+gdnbench.analysis.tables. A ratio pair is written NUM/DEN with each side `backend:route`; route
+`best` means the fastest ok route of that backend on each shape. A geomean is taken over the
+shapes where both sides are `ok`; every shape left out is listed with the reason, and the count
+is always printed. Each ratio is given on both times: `wall` (events around eager calls) and
+`gpu` (kernels' own time).
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ from dataclasses import dataclass, field
 
 from ..data.records import TIME_KINDS, Row, RunDocument
 from ..vocab import ALL_ROUTES, MODES, ROUTES  # noqa: F401  (MODES: the report command checks --mode)
-from .tables import FORMATS, Table, to_csv, to_json, to_markdown, to_rich, to_text  # noqa: F401  (their home)
+from .tables import FORMATS, Table, to_csv, to_json, to_markdown, to_rich, to_text  # noqa: F401
 
 MODE_TITLES = {"fwd_bwd": " (one forward + backward step)", "decode": " (one decode step)"}
 MB = 1e6

@@ -8,17 +8,17 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from ..analysis import report as rep
+from ..analysis.tables import FORMATS, to_rich, to_text
 
-FORMAT_NAMES = ("table", *rep.FORMATS)
+FORMAT_NAMES = ("table", *FORMATS)
 
 
 def print_tables(console, tables) -> None:
     if console.is_terminal:
         for t in tables:
-            console.print(rep.to_rich(t))
+            console.print(to_rich(t))
     else:
-        console.print(rep.to_text(tables), markup=False, highlight=False, soft_wrap=True, emoji=False)
+        console.print(to_text(tables), markup=False, highlight=False, soft_wrap=True, emoji=False)
 
 
 def emit(console, tables, fmt: str = "table", out: Path | None = None) -> None:
@@ -26,7 +26,7 @@ def emit(console, tables, fmt: str = "table", out: Path | None = None) -> None:
     if fmt == "table" and out is None:
         print_tables(console, tables)
         return
-    text = rep.FORMATS["text" if fmt == "table" else fmt](tables)
+    text = FORMATS["text" if fmt == "table" else fmt](tables)
     if out is not None:
         Path(out).parent.mkdir(parents=True, exist_ok=True)
         Path(out).write_text(text)

@@ -138,7 +138,7 @@ def _from_dict(cls, d, nested: Mapping[str, type] = EMPTY, required: tuple[str, 
     known = {f.name for f in fields(cls)} - {"extras", "nulls"}
     kw: dict[str, Any] = {}
     nulls = set()
-    for name in known & set(d):
+    for name in [k for k in d if k in known]:  # in the object's order: the first bad field is named
         v = d[name]
         if v is None and name not in required:
             nulls.add(name)
