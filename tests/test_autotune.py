@@ -64,7 +64,7 @@ def test_start_point_is_the_default_config_and_blocks_are_clamped():
 def test_spaces_at_head_sizes_not_multiples_of_16(K, V):
     """Blocks up to the next power of two of each head size, a valid start point, valid points in every
     kernel's space, for both families."""
-    for family, kernels in (("gdn", ("gram", "wu", "state", "output", "output_fused", "aqk", "state_out")),
+    for family, kernels in (("gdn", ("gram", "wu", "state", "output", "output_fused", "aqk", "state_out", "fused_out")),
                             ("kda", ("kda_intra", "wu", "state", "output", "output_fused"))):
         for kernel in kernels:
             space = at_space.build_space(kernel, K, V, "float16", family)
@@ -108,14 +108,18 @@ def test_kda_tasks_per_route():
     assert tuned.variant_of("output_fused", "fused_qk") == "fused_qk"
     assert tuned.variant_of("aqk", "fused_qk") == tuned.variant_of("state_out", "fused_q") == "fused_q"
     assert tuned.variant_of("aqk", "explicit") == "plain"
+    # the in-loop form's loop: FUSE_Q under both fused routes, FUSE_K under fused_qk too
+    assert [tuned.variant_of("fused_out", r) for r in tuned.ROUTES] == ["plain", "plain", "fused_q", "fused_qk"]
     assert at_plan.plan_tasks(["fused_qk"], ["gram"], "kda") == [] and at_plan.plan_tasks(["flag"], ["kda_intra"]) == []
 
 
 def test_plan_tasks_dedupes_specializations():
     tasks = at_plan.plan_tasks(["explicit", "flag"], list(at_space.KERNELS))
-    assert [t.kernel for t in tasks] == ["l2norm", "gram", "wu", "state", "output", "aqk", "state_out"]
+    assert [t.kernel for t in tasks] == ["l2norm", "gram", "wu", "state", "output", "aqk", "state_out", "fused_out"]
     assert [(t.kernel, t.variant, t.route) for t in at_plan.plan_tasks(["fused_q", "fused_qk"], ["aqk", "state_out"])] == [
         ("aqk", "fused_q", "fused_q"), ("state_out", "fused_q", "fused_q")]
+    assert [(t.kernel, t.variant, t.route) for t in at_plan.plan_tasks(list(at_space.ROUTES), ["fused_out"])] == [
+        ("fused_out", "plain", "flag"), ("fused_out", "fused_q", "fused_q"), ("fused_out", "fused_qk", "fused_qk")]
     assert {t.variant for t in tasks} == {"plain"}
     tasks = at_plan.plan_tasks(list(at_space.ROUTES), ["gram", "output_fused"])
     assert [(t.kernel, t.variant, t.route) for t in tasks] == [
@@ -376,6 +380,48 @@ def test_tuned_config_uses_matching_entry(tmp_path):
     assert len(doc["entries"]) == 1 and tuned.tuned_config(shape, "flag", ENV, tmp_path)[0].state.BV == 16
 
 
+def test_in_loop_choice_times_the_loop_against_the_pair_it_replaces(tmp_path):
+    shape = _shape()
+    assert tuned.in_loop_choice(shape, "flag", ENV, tmp_path) == (None, "no tuned fused_out")
+
+    def save(kernel, t, variant="plain"):
+        e = _entry(shape, kernel=kernel, variant=variant)
+        e["best"]["time_us"] = t
+        tuned.save_entry(tmp_path, e)
+
+    save("fused_out", 300.0)
+    save("state_out", 250.0)
+    assert tuned.in_loop_choice(shape, "flag", ENV, tmp_path) == (None, "no tuned wu")
+    save("wu", 100.0)
+    assert tuned.in_loop_choice(shape, "flag", ENV, tmp_path) == ("wu", "fused_out 300.0 us vs state_out + wu 350.0 us")
+    assert tuned.in_loop_choice(shape, "explicit", ENV, tmp_path)[0] == "wu"  # the same (plain) kernels
+    assert tuned.in_loop_choice(shape, "fused_q", ENV, tmp_path) == (None, "no tuned fused_out")  # its own variants
+    save("fused_out", 360.0)
+    assert tuned.in_loop_choice(shape, "flag", ENV, tmp_path)[0] is None
+    assert tuned.in_loop_choice(shape, "flag", None, tmp_path) == (None, "")
+    assert tuned.in_loop_choice(shape, "flag", {**ENV, "gpu": "NVIDIA B200"}, tmp_path)[0] is None
+    assert tuned.in_loop_choice(_kda_shape(), "flag", ENV, tmp_path) == (None, "")
+
+
+def test_gdnbench_runs_the_in_loop_form_where_it_was_timed_faster(monkeypatch):
+    import dataclasses
+
+    from gdnbench.backends import gdnbench as gb
+    from gdnbench.kernels.config import default_config
+
+    shape = _shape()
+    one = dataclasses.replace(default_config(128, 128, 2), one_pass=True)
+    monkeypatch.setattr(tuned, "in_loop_choice", lambda *a: ("wu", "fused_out 1.0 us vs state_out + wu 2.0 us"))
+    cfg, label = gb._in_loop(shape, "flag", ENV, one, "tuned: wu[..]; one pass")
+    assert cfg == dataclasses.replace(one, in_loop="wu")
+    assert label == "tuned: wu[..]; one pass, in loop: wu (fused_out 1.0 us vs state_out + wu 2.0 us)"
+    two = dataclasses.replace(one, one_pass=False)
+    assert gb._in_loop(shape, "flag", ENV, two, "x") == (two, "x")  # the two-kernel path has no such loop
+    assert gb._in_loop(shape, "flag", None, one, "x") == (one, "x")  # no machine, no tuned times
+    monkeypatch.setattr(tuned, "in_loop_choice", lambda *a: (None, "no tuned wu"))
+    assert gb._in_loop(shape, "flag", ENV, one, "x") == (one, "x")
+
+
 def test_tuned_config_applies_kda_entries(tmp_path):
     from gdnbench.kernels.config import KernelConfig, default_config
 
@@ -589,10 +635,10 @@ def test_gdn_one_pass_candidates_evaluate_in_a_cpu_worker():
     state_out in the worker's stage chain, and non-default points pass the gate and are timed."""
     client = _smoke_client("gdn_packed_gva3")  # varlen, GVA 3, fp16
     try:
-        for kernel in ("aqk", "state_out"):
+        for kernel in ("aqk", "state_out", "fused_out"):
             for route in ("flag", "fused_q", "fused_qk"):
                 point = {"BK": 16, "num_warps": 2, "num_stages": 1, "maxnreg": None}
-                if kernel == "state_out":
+                if kernel != "aqk":
                     point["BV"] = 16
                 r = client.evaluate(kernel, route, point)
                 assert r["status"] == "ok", (kernel, route, r)

@@ -171,3 +171,22 @@ def test_backends():
     kda = load("kda-legacy6").shapes[0]
     assert not wu.supports(kda, "flag", "fwd", "cuda")
     assert "in_loop=wu_aqk" in wu_aqk.variant(serving, "flag")
+
+
+def test_fusedwu_runs_its_loop_at_state_outs_tuned_config():
+    from gdnbench.backends import get
+    from gdnbench.data.shapes import load
+
+    shape = {s.id: s for s in load("gdn-qwen6").shapes}["h16_hv64_fixed8k"]
+    wu, wu_aqk = get("gdnbench-fusedwu"), get("gdnbench-fusedwu-aqk")
+    won = KernelConfig(BK=128, BV=64, num_warps=4, num_stages=3, maxnreg=240)
+    cfg = dataclasses.replace(default_config(128, 128, 2), state_out=won, one_pass=True, in_loop="wu")
+    tuned_label = "tuned: state_out[BK=128 BV=64 w=4 s=3 r=240]"
+    assert wu._loop_config(cfg, tuned_label, shape) == (dataclasses.replace(cfg, fused_out=won),
+                                                       " at state_out's config")
+    assert wu._loop_config(cfg, "default", shape) == (cfg, "")  # state_out untuned: the loop's own default
+    assert wu._loop_config(cfg, tuned_label + ", fused_out[BV=32]", shape) == (cfg, "")  # its own winner
+    big = dataclasses.replace(cfg, state_out=KernelConfig(BK=128, BV=128, num_warps=4, num_stages=4))
+    assert wu._loop_config(big, tuned_label, shape) == (big, "")  # does not fit the loop: its default
+    loop = wu_aqk._loop_config(cfg, tuned_label, shape)[0].fused_out
+    assert loop == dataclasses.replace(default_config(128, 128, 2).fused_out, num_stages=2)

@@ -130,6 +130,10 @@ class _Bench:
         if kernel == "aqk":
             return lambda: ops.chunk_aqk(st["q"], st["k"], st["g_cs"], fuse_q=st["fuse_q"], fuse_k=st["fuse_k"],
                                          **run)
+        if kernel == "fused_out":
+            return lambda: ops.state_output_in_loop(st["q"], st["k"], x.v, x.beta, st["g_cs"], st["A"], st["a1"],
+                                                    st["cq"], st["rk"], scale=x.scale, initial_state=st["h0"],
+                                                    output_final_state=True, **run)
         if kernel == "state_out":
             return lambda: ops.state_output(st["q"], st["k"], st["w"], st["u"], st["g_cs"], st["a1"], st["cq"],
                                             scale=x.scale, initial_state=st["h0"], output_final_state=True, **run)

@@ -56,13 +56,15 @@ class GdnbenchBackend(Backend):
         config that the full shape is timed with, though its token count keys another entry."""
         key = (shape.id, route)
         if key not in self._resolved:
-            cfg, label = None, "default"
+            cfg, label, env = None, "default", None
             if device == "cuda":
                 from ..kernels.cache_key import device_env
                 from ..kernels.tuned import tuned_config
 
-                cfg, label = tuned_config(shape, route, device_env())
-            self._resolved[key] = _pin_path(shape, route, cfg if label != "default" else None, label)
+                env = device_env()
+                cfg, label = tuned_config(shape, route, env)
+            cfg, label = _pin_path(shape, route, cfg if label != "default" else None, label)
+            self._resolved[key] = _in_loop(shape, route, env, cfg, label)
         return self._resolved[key]
 
     def config_label(self, shape, route, device):
@@ -103,6 +105,21 @@ class GdnbenchDefaultBackend(GdnbenchBackend):
 
     def _config(self, shape, route, device):
         return _pin_path(shape, route, None, "default")
+
+
+def _in_loop(shape, route: str, env, cfg, label: str):
+    """(config, label) with the in-loop form (kernels/fused_fwd.py) where the autotuner timed it faster than
+    the one-pass pair it replaces on this machine (kernels/tuned.py, ``in_loop_choice``)."""
+    if env is None or cfg is None or not cfg.one_pass or cfg.in_loop is not None:
+        return cfg, label
+    import dataclasses
+
+    from ..kernels.tuned import in_loop_choice
+
+    form, why = in_loop_choice(shape, route, env)
+    if form is None:
+        return cfg, label
+    return dataclasses.replace(cfg, in_loop=form), f"{label}, in loop: {form} ({why})"
 
 
 def _pin_path(shape, route: str, cfg, label: str):

@@ -3,10 +3,16 @@ opt-in variants to time beside `gdnbench`, e.g. ``gdnbench run -s gdn-qwen6 -b g
 
 `gdnbench-fusedwu`: in_loop "wu" (no w/u kernel; w and u never reach memory), every route.
 `gdnbench-fusedwu-aqk`: in_loop "wu_aqk" (q k^T in the loop too, no aqk kernel), routes explicit and flag.
-Both take the tuned configs `gdnbench` takes for the kernels they share (l2norm, gram, aqk) and the
-default config of the new loop (BV 32, 4 warps, 3 stages), at 2 stages for "wu_aqk": at 3 its varlen
-specialization spills (sm_90, Triton 3.6, offline: 255 registers and 8 B of stack; 206 and none at 2), on
-the one-pass path on every shape (the form implies it).
+Both take the tuned configs `gdnbench` takes for the kernels they share (l2norm, gram, aqk), on the
+one-pass path on every shape (the form implies it). The loop's config: its tuned winner (fused_out) where
+the cache holds one; else, for "wu", state_out's tuned config, and for "wu_aqk" the default (BV 32, 4 warps)
+at 2 stages: at 3 its varlen specialization spills (sm_90, Triton 3.6, offline: 255 registers and 8 B of
+stack; 206 and none at 2).
+
+H200, gdn-qwen6, the loop at its default config against state_out + wu tuned (gpu µs): equal where
+state_out's winner is the same BV 32 (h16_hv32_fixed8k 263 vs 262, fixed32k 1044 vs 1057), 1.42x slower
+where it is BV 64 (h16_hv64_fixed8k 549 vs 386); at state_out's BV 64 / 4 warps / 3 stages, 0.90x
+(B1 T8192 H16 HV64: 350 vs 391; HV48: 322 vs 364).
 """
 
 from __future__ import annotations
@@ -34,8 +40,22 @@ class GdnbenchFusedWuBackend(GdnbenchBackend):
     def _config(self, shape, route, device):
         """`gdnbench`'s (config, label) for the shape and route (resolved once there), in this loop's form."""
         cfg, label = super()._config(shape, route, device)
-        return (dataclasses.replace(cfg, one_pass=True, in_loop=self.in_loop),
-                f"{label.split('; ')[0]}; one pass, in loop: {self.in_loop}")
+        cfg, how = self._loop_config(dataclasses.replace(cfg, one_pass=True, in_loop=self.in_loop), label, shape)
+        return cfg, f"{label.split('; ')[0]}; one pass, in loop: {self.in_loop}{how}"
+
+    def _loop_config(self, cfg, label: str, shape):
+        """(config, note): the loop at state_out's tuned config unless the loop has its own winner."""
+        if "fused_out[" in label or "state_out[" not in label:
+            return cfg, ""
+        from ..data.inputs import torch_dtype
+        from ..kernels.config import validate
+
+        new = dataclasses.replace(cfg, fused_out=cfg.state_out)
+        try:
+            validate(new, shape.K, shape.V, torch_dtype(shape.dtype).itemsize)
+        except ValueError:
+            return cfg, ""
+        return new, " at state_out's config"
 
 
 class GdnbenchFusedWuAqkBackend(GdnbenchFusedWuBackend):
@@ -43,6 +63,10 @@ class GdnbenchFusedWuAqkBackend(GdnbenchFusedWuBackend):
     routes = ("explicit", "flag")
     in_loop = "wu_aqk"
 
-    def _config(self, shape, route, device):
-        cfg, label = super()._config(shape, route, device)
-        return dataclasses.replace(cfg, fused_out=dataclasses.replace(cfg.fused_out, num_stages=2)), label
+    def _loop_config(self, cfg, label: str, shape):
+        """The default loop at 2 stages (tuned fused_out winners are the "wu" form's)."""
+        from ..data.inputs import torch_dtype
+        from ..kernels.config import default_config
+
+        loop = default_config(shape.K, shape.V, torch_dtype(shape.dtype).itemsize).fused_out
+        return dataclasses.replace(cfg, fused_out=dataclasses.replace(loop, num_stages=2)), ""

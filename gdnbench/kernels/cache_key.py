@@ -47,6 +47,7 @@ KERNEL_FUNCTIONS = {
     "output_fused": ("output.py", ("output_kernel",)),
     "aqk": ("state_out.py", ("aqk_kernel",)),
     "state_out": ("state_out.py", ("state_out_kernel",)),
+    "fused_out": ("fused_fwd.py", ("fused_state_out_kernel",)),
 }
 
 

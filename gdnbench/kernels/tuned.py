@@ -36,8 +36,10 @@ CACHE_SCHEMA = 1
 KERNELS = tuple(KERNEL_FUNCTIONS)
 # the stage kernels each route launches, per family (explicit runs the same kernels as flag);
 # KDA runs kda_intra where GDN runs gram and shares the others; GDN's explicit and flag routes run
-# state + output or, in one pass (ops.one_pass, per shape), aqk + state_out: every route lists both
-ONE_PASS_KERNELS = ("aqk", "state_out")
+# state + output or, in one pass (ops.one_pass, per shape), aqk + state_out, or aqk + fused_out where
+# the in-loop form is chosen (:func:`in_loop_choice`): every route lists all of them
+ONE_PASS_KERNELS = ("aqk", "state_out", "fused_out")
+IN_LOOP_OF = {"fused_out": "wu"}  # the GDNConfig.in_loop form whose loop a kernel is
 _GDN_ROUTES = {
     "explicit": ("l2norm", "gram", "wu", "state", "output") + ONE_PASS_KERNELS,
     "flag": ("l2norm", "gram", "wu", "state", "output") + ONE_PASS_KERNELS,
@@ -63,6 +65,8 @@ def variant_of(kernel: str, route: str, family: str = "gdn") -> str:
     its output kernel reads Aqk, which kda_intra built with k's rstd: fused_qk runs fused_q's."""
     if kernel == "output_fused":
         return "fused_q" if family == "kda" else route
+    if kernel == "fused_out":  # FUSE_Q under both fused routes, FUSE_K under fused_qk
+        return route if route.startswith("fused") else "plain"
     if kernel in ONE_PASS_KERNELS and route.startswith("fused"):
         return "fused_q"  # FUSE_Q: q raw (under fused_qk, k's rstd rides on w, u and v_new)
     fuse_k = ("gram", "wu") if family == "gdn" else ("kda_intra", "wu")
@@ -215,3 +219,25 @@ def tuned_config(shape, route: str, env: dict | None, cache_dir: Path | None = N
                       StaleEntry, stacklevel=2)
         return cfg, "default"
     return new, "tuned: " + ", ".join(f"{k}[{point_label(p)}]" for k, p in changed.items())
+
+
+def in_loop_choice(shape, route: str, env: dict | None, cache_dir: Path | None = None) -> tuple[str | None, str]:
+    """(form, why): ``"wu"`` where the autotuner timed the in-loop form's loop (fused_out: no w/u kernel) below
+    the state_out + wu pair it replaces, for this shape key and route; else None. GDN only; needs all three
+    entries current on this machine. H200, B1 T8192 H16, state_out's BV 64 / 4 warps / 3 stages in both
+    forms: HV48 322 against 249 + 115 us, HV64 350 against 246 + 145 us; at BV 32 (HV32) 263 against
+    188 + 74: the loop's extra A x product costs what w/u's traffic saved (docs/design.md)."""
+    if shape.family != "gdn" or env is None or os.environ.get(DISABLE_ENV, "1") == "0":
+        return None, ""
+    times = {}
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", StaleEntry)  # tuned_config reports stale entries once
+        for kernel in ("fused_out", "state_out", "wu"):
+            e = find_entry(cache_dir, env, kernel, shape, variant_of(kernel, route, shape.family)) or {}
+            t = (e.get("best") or {}).get("time_us")
+            if t is None:
+                return None, f"no tuned {kernel}"
+            times[kernel] = t
+    pair = times["state_out"] + times["wu"]
+    why = f"fused_out {times['fused_out']:.1f} us vs state_out + wu {pair:.1f} us"
+    return ("wu" if times["fused_out"] < pair else None), why
