@@ -180,13 +180,13 @@ def test_fusedwu_runs_its_loop_at_state_outs_tuned_config():
     shape = {s.id: s for s in load("gdn-qwen6").shapes}["h16_hv64_fixed8k"]
     wu, wu_aqk = get("gdnbench-fusedwu"), get("gdnbench-fusedwu-aqk")
     won = KernelConfig(BK=128, BV=64, num_warps=4, num_stages=3, maxnreg=240)
-    cfg = dataclasses.replace(default_config(128, 128, 2), state_out=won, one_pass=True, in_loop="wu")
-    tuned_label = "tuned: state_out[BK=128 BV=64 w=4 s=3 r=240]"
-    assert wu._loop_config(cfg, tuned_label, shape) == (dataclasses.replace(cfg, fused_out=won),
-                                                       " at state_out's config")
-    assert wu._loop_config(cfg, "default", shape) == (cfg, "")  # state_out untuned: the loop's own default
-    assert wu._loop_config(cfg, tuned_label + ", fused_out[BV=32]", shape) == (cfg, "")  # its own winner
+    base = dataclasses.replace(default_config(128, 128, 2), one_pass=True, in_loop="wu")
+    cfg = dataclasses.replace(base, state_out=won)
+    assert wu._loop_config(cfg, shape) == (dataclasses.replace(cfg, fused_out=won), " at state_out's config")
+    assert wu._loop_config(base, shape) == (base, "")  # state_out untuned: the loop's own default
+    own = dataclasses.replace(cfg, fused_out=KernelConfig(BV=64, num_warps=8, num_stages=2))
+    assert wu._loop_config(own, shape) == (own, "")  # its own winner
     big = dataclasses.replace(cfg, state_out=KernelConfig(BK=128, BV=128, num_warps=4, num_stages=4))
-    assert wu._loop_config(big, tuned_label, shape) == (big, "")  # does not fit the loop: its default
-    loop = wu_aqk._loop_config(cfg, tuned_label, shape)[0].fused_out
+    assert wu._loop_config(big, shape) == (big, "")  # does not fit the loop: its default
+    loop = wu_aqk._loop_config(cfg, shape)[0].fused_out
     assert loop == dataclasses.replace(default_config(128, 128, 2).fused_out, num_stages=2)

@@ -40,19 +40,19 @@ class GdnbenchFusedWuBackend(GdnbenchBackend):
     def _config(self, shape, route, device):
         """`gdnbench`'s (config, label) for the shape and route (resolved once there), in this loop's form."""
         cfg, label = super()._config(shape, route, device)
-        cfg, how = self._loop_config(dataclasses.replace(cfg, one_pass=True, in_loop=self.in_loop), label, shape)
+        cfg, how = self._loop_config(dataclasses.replace(cfg, one_pass=True, in_loop=self.in_loop), shape)
         return cfg, f"{label.split('; ')[0]}; one pass, in loop: {self.in_loop}{how}"
 
-    def _loop_config(self, cfg, label: str, shape):
+    def _loop_config(self, cfg, shape):
         """(config, note): the loop at state_out's tuned config unless the loop has its own winner."""
-        if "fused_out[" in label or "state_out[" not in label:
-            return cfg, ""
-        from ..data.inputs import torch_dtype
         from ..kernels.config import validate
 
+        default, elt = _defaults(shape)
+        if cfg.fused_out != default.fused_out or cfg.state_out == default.state_out:
+            return cfg, ""
         new = dataclasses.replace(cfg, fused_out=cfg.state_out)
         try:
-            validate(new, shape.K, shape.V, torch_dtype(shape.dtype).itemsize)
+            validate(new, shape.K, shape.V, elt)
         except ValueError:
             return cfg, ""
         return new, " at state_out's config"
@@ -63,10 +63,16 @@ class GdnbenchFusedWuAqkBackend(GdnbenchFusedWuBackend):
     routes = ("explicit", "flag")
     in_loop = "wu_aqk"
 
-    def _loop_config(self, cfg, label: str, shape):
+    def _loop_config(self, cfg, shape):
         """The default loop at 2 stages (tuned fused_out winners are the "wu" form's)."""
-        from ..data.inputs import torch_dtype
-        from ..kernels.config import default_config
-
-        loop = default_config(shape.K, shape.V, torch_dtype(shape.dtype).itemsize).fused_out
+        loop = _defaults(shape)[0].fused_out
         return dataclasses.replace(cfg, fused_out=dataclasses.replace(loop, num_stages=2)), ""
+
+
+def _defaults(shape):
+    """(the built-in GDNConfig for the shape's heads and dtype, the dtype's bytes)."""
+    from ..data.inputs import torch_dtype
+    from ..kernels.config import default_config
+
+    elt = torch_dtype(shape.dtype).itemsize
+    return default_config(shape.K, shape.V, elt), elt
