@@ -5,8 +5,9 @@ Per chunk of BT = 64 tokens and value head, with L = strictly-lower part of
 
     A = (I + L)^-1,   w = A (beta * exp(g) * k),   u = A (beta * v).
 
-The gram is accumulated as ten 16x16 blocks (four diagonal, six below); each
-diagonal block is inverted by forward substitution in exact fp32 and the
+The gram is accumulated as ten 16x16 blocks (four diagonal, six below), once per
+key head for all its value heads where there are programs enough; each diagonal
+block is inverted by doubling, (I - L)(I + L^2)(I + L^4)(I + L^8), and the
 off-diagonal blocks of the inverse follow from (I + L) A = I block row by
 block row, using tl.dot.  A is stored in k's dtype for the w/u kernel.
 
@@ -111,20 +112,6 @@ def _gate_block(G, b_i, c_i, c_j, m_i, m_j, DIAG: tl.constexpr, o):
 
 
 @triton.jit
-def _unit_lower_inverse(L, o, BC: tl.constexpr):
-    """(I + L)^-1 of a strictly lower-triangular [BC, BC] block by forward substitution (fp32).
-
-    Row i of X = (I + L)^-1 is e_i - sum_{j<i} L_ij X_j; rows are filled top-down.
-    """
-    X = (o[:, None] == o[None, :]).to(tl.float32)
-    for i in range(1, BC):
-        l_i = tl.sum(tl.where(o[:, None] == i, L, 0.0), 0)  # row i of L, indexed by column j
-        x_i = tl.where(o == i, 1.0, 0.0) - tl.sum(l_i[:, None] * X, 0)
-        X = tl.where(o[:, None] == i, x_i[None, :], X)
-    return X
-
-
-@triton.jit
 def _unit_lower_inverse_doubling(L, o, PREC: tl.constexpr):
     """(I + L)^-1 of a strictly lower-triangular [16, 16] block as (I - L)(I + L^2)(I + L^4)(I + L^8)
     (L^16 = 0): four dependent dots where substitution takes fifteen dependent row steps."""
@@ -158,21 +145,18 @@ def _scale_blocks(g00, g10, g11, g20, g21, g22, g30, g31, g32, g33, a0, a1, a2, 
 
 
 @triton.jit
-def _unit_lower_solve(l00, l10, l11, l20, l21, l22, l30, l31, l32, l33, o, BC: tl.constexpr, PREC: tl.constexpr,
-                      DOUBLING: tl.constexpr = False):
-    """(I + L)^-1 of a strictly lower [4 BC, 4 BC] matrix given as its ten lower blocks: diagonal
-    blocks by substitution (exact fp32) or, DOUBLING, by products of PREC dots, then the block rows
-    of (I + L) X = I."""
-    if DOUBLING:
-        x00 = _unit_lower_inverse_doubling(l00, o, PREC)
-        x11 = _unit_lower_inverse_doubling(l11, o, PREC)
-        x22 = _unit_lower_inverse_doubling(l22, o, PREC)
-        x33 = _unit_lower_inverse_doubling(l33, o, PREC)
-    else:
-        x00 = _unit_lower_inverse(l00, o, BC)
-        x11 = _unit_lower_inverse(l11, o, BC)
-        x22 = _unit_lower_inverse(l22, o, BC)
-        x33 = _unit_lower_inverse(l33, o, BC)
+def _unit_lower_solve(l00, l10, l11, l20, l21, l22, l30, l31, l32, l33, o, BC: tl.constexpr, PREC: tl.constexpr):
+    """(I + L)^-1 of a strictly lower [4 BC, 4 BC] matrix given as its ten lower blocks: the diagonal
+    blocks by doubling (:func:`_unit_lower_inverse_doubling`), then the block rows of (I + L) X = I.
+
+    Doubling, not forward substitution, since the substitution's fifteen dependent row steps per
+    block, each two cross-lane reductions, were half of GDN gram_solve's time: H200, gdn-qwen6, this
+    kernel alone, 165.5 -> 80.0 us at h16_hv64_fixed8k, 331.6 -> 163.2 at h16_hv32_fixed32k, 22 -> 11
+    on the small shapes; A against the fp64 inverse rel-RMS 5.4e-5 (5.1e-5 substituting; A is bf16)."""
+    x00 = _unit_lower_inverse_doubling(l00, o, PREC)
+    x11 = _unit_lower_inverse_doubling(l11, o, PREC)
+    x22 = _unit_lower_inverse_doubling(l22, o, PREC)
+    x33 = _unit_lower_inverse_doubling(l33, o, PREC)
     x10 = -tl.dot(x11, tl.dot(l10, x00, input_precision=PREC), input_precision=PREC)
     x21 = -tl.dot(x22, tl.dot(l21, x11, input_precision=PREC), input_precision=PREC)
     x20 = -tl.dot(x22, tl.dot(l20, x00, input_precision=PREC) + tl.dot(l21, x10, input_precision=PREC),
@@ -209,38 +193,17 @@ def _store_lower(ab, r0, r1, r2, r3, m0, m1, m2, m3, x00, x10, x11, x20, x21, x2
 
 
 @triton.jit
-def _gram_solve(k, g, beta, g_cs, A, rstd_k, ssq_k, tok0, n_valid, i_g, i_h, i_hv,
+def _gram_solve(k, g, beta, g_cs, A, rstd_k, ssq_k, tok0, n_valid, i_g, i_h, hv0,
                 H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, BK: tl.constexpr,
-                BT: tl.constexpr, BC: tl.constexpr, FUSE_K: tl.constexpr, RARE: tl.constexpr, PREC: tl.constexpr):
+                BT: tl.constexpr, BC: tl.constexpr, FUSE_K: tl.constexpr, RARE: tl.constexpr, PREC: tl.constexpr,
+                N_HV: tl.constexpr):
+    """One chunk of key head i_h: the gram once, then gate, solve and store for value heads hv0 .. hv0 + N_HV."""
     o = tl.arange(0, BC)  # rows of sub-block j are j*BC + o within the chunk
     r0 = o
     r1 = o + BC
     r2 = o + 2 * BC
     r3 = o + 3 * BC
     m0, m1, m2, m3 = r0 < n_valid, r1 < n_valid, r2 < n_valid, r3 < n_valid
-
-    # ---- gate: chunk-local cumsum, carried across the four sub-blocks
-    gb = g + tok0 * HV + i_hv
-    g0 = tl.load(gb + r0 * HV, mask=m0, other=0.0).to(tl.float32)
-    g1 = tl.load(gb + r1 * HV, mask=m1, other=0.0).to(tl.float32)
-    g2 = tl.load(gb + r2 * HV, mask=m2, other=0.0).to(tl.float32)
-    g3 = tl.load(gb + r3 * HV, mask=m3, other=0.0).to(tl.float32)
-    c0 = tl.cumsum(g0, 0)
-    c1 = tl.cumsum(g1, 0) + tl.sum(g0, 0)
-    c2 = tl.cumsum(g2, 0) + tl.sum(g0, 0) + tl.sum(g1, 0)
-    c3 = tl.cumsum(g3, 0) + tl.sum(g0, 0) + tl.sum(g1, 0) + tl.sum(g2, 0)
-    c0, c1, c2, c3 = c0 * LOG2E, c1 * LOG2E, c2 * LOG2E, c3 * LOG2E
-    gcb = g_cs + tok0 * HV + i_hv
-    tl.store(gcb + r0 * HV, c0, mask=m0)
-    tl.store(gcb + r1 * HV, c1, mask=m1)
-    tl.store(gcb + r2 * HV, c2, mask=m2)
-    tl.store(gcb + r3 * HV, c3, mask=m3)
-
-    bb = beta + tok0 * HV + i_hv
-    b0 = tl.load(bb + r0 * HV, mask=m0, other=0.0).to(tl.float32)
-    b1 = tl.load(bb + r1 * HV, mask=m1, other=0.0).to(tl.float32)
-    b2 = tl.load(bb + r2 * HV, mask=m2, other=0.0).to(tl.float32)
-    b3 = tl.load(bb + r3 * HV, mask=m3, other=0.0).to(tl.float32)
 
     # ---- gram K K^T; with FUSE_K, k's rstd from its diagonal blocks (the rows' sums of squares,
     # free), applied to the gram's rows and columns and written here, where k is first read
@@ -272,7 +235,7 @@ def _gram_solve(k, g, beta, g_cs, A, rstd_k, ssq_k, tok0, n_valid, i_g, i_h, i_h
             g00, g10, g11, g20, g21, g22, g30, g31, g32, g33 = _scale_blocks(
                 g00, g10, g11, g20, g21, g22, g30, g31, g32, g33, n0, n1, n2, n3, n0, n1, n2, n3)
     if FUSE_K:
-        if i_hv % (HV // H) == 0:  # one writer per key head
+        if hv0 % (HV // H) == 0:  # one writer per key head
             rb = rstd_k + tok0 * H + i_h
             tl.store(rb + r0 * H, n0, mask=m0)
             tl.store(rb + r1 * H, n1, mask=m1)
@@ -282,7 +245,39 @@ def _gram_solve(k, g, beta, g_cs, A, rstd_k, ssq_k, tok0, n_valid, i_g, i_h, i_h
                 sm = tl.maximum(tl.maximum(tl.max(s0, 0), tl.max(s1, 0)), tl.maximum(tl.max(s2, 0), tl.max(s3, 0)))
                 tl.store(ssq_k + i_g * H + i_h, sm)
 
-    # ---- L = strict-lower(beta * gram * decay)
+    for r in range(N_HV):
+        _gate_solve_store(g, beta, g_cs, A, tok0, hv0 + r, g00, g10, g11, g20, g21, g22, g30, g31, g32, g33,
+                          r0, r1, r2, r3, m0, m1, m2, m3, o, HV, BT, BC, PREC)
+
+
+@triton.jit
+def _gate_solve_store(g, beta, g_cs, A, tok0, i_hv, g00, g10, g11, g20, g21, g22, g30, g31, g32, g33,
+                      r0, r1, r2, r3, m0, m1, m2, m3, o, HV: tl.constexpr, BT: tl.constexpr, BC: tl.constexpr,
+                      PREC: tl.constexpr):
+    """Value head i_hv of a chunk: its gate cumsum (stored), L = strict-lower(beta * gram * decay),
+    A = (I + L)^-1 stored in A's dtype."""
+    gb = g + tok0 * HV + i_hv
+    g0 = tl.load(gb + r0 * HV, mask=m0, other=0.0).to(tl.float32)
+    g1 = tl.load(gb + r1 * HV, mask=m1, other=0.0).to(tl.float32)
+    g2 = tl.load(gb + r2 * HV, mask=m2, other=0.0).to(tl.float32)
+    g3 = tl.load(gb + r3 * HV, mask=m3, other=0.0).to(tl.float32)
+    c0 = tl.cumsum(g0, 0)
+    c1 = tl.cumsum(g1, 0) + tl.sum(g0, 0)
+    c2 = tl.cumsum(g2, 0) + tl.sum(g0, 0) + tl.sum(g1, 0)
+    c3 = tl.cumsum(g3, 0) + tl.sum(g0, 0) + tl.sum(g1, 0) + tl.sum(g2, 0)
+    c0, c1, c2, c3 = c0 * LOG2E, c1 * LOG2E, c2 * LOG2E, c3 * LOG2E
+    gcb = g_cs + tok0 * HV + i_hv
+    tl.store(gcb + r0 * HV, c0, mask=m0)
+    tl.store(gcb + r1 * HV, c1, mask=m1)
+    tl.store(gcb + r2 * HV, c2, mask=m2)
+    tl.store(gcb + r3 * HV, c3, mask=m3)
+
+    bb = beta + tok0 * HV + i_hv
+    b0 = tl.load(bb + r0 * HV, mask=m0, other=0.0).to(tl.float32)
+    b1 = tl.load(bb + r1 * HV, mask=m1, other=0.0).to(tl.float32)
+    b2 = tl.load(bb + r2 * HV, mask=m2, other=0.0).to(tl.float32)
+    b3 = tl.load(bb + r3 * HV, mask=m3, other=0.0).to(tl.float32)
+
     l00 = _gate_block(g00, b0, c0, c0, m0, m0, True, o)
     l11 = _gate_block(g11, b1, c1, c1, m1, m1, True, o)
     l22 = _gate_block(g22, b2, c2, c2, m2, m2, True, o)
@@ -294,7 +289,6 @@ def _gram_solve(k, g, beta, g_cs, A, rstd_k, ssq_k, tok0, n_valid, i_g, i_h, i_h
     l31 = _gate_block(g31, b3, c3, c1, m3, m1, False, o)
     l32 = _gate_block(g32, b3, c3, c2, m3, m2, False, o)
 
-    # ---- (I + L)^-1, stored in k's dtype
     x00, x10, x11, x20, x21, x22, x30, x31, x32, x33 = _unit_lower_solve(
         l00, l10, l11, l20, l21, l22, l30, l31, l32, l33, o, BC, PREC)
     _store_lower(A + tok0 * (HV * BT) + i_hv * BT, r0, r1, r2, r3, m0, m1, m2, m3,
@@ -307,8 +301,10 @@ def gram_solve_kernel(
     H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, BK: tl.constexpr,
     BT: tl.constexpr, BC: tl.constexpr,
     IS_VARLEN: tl.constexpr, FUSE_K: tl.constexpr, FIXUP: tl.constexpr, PREC: tl.constexpr,
+    SHARE: tl.constexpr,
 ):
-    """Grid (chunks, B*HV).  Writes g_cs (chunk-local cumsum of g, times log2 e), A = (I + L)^-1,
+    """Grid (chunks, B*HV), or (chunks, B*H) with SHARE (one program per key head computes the gram
+    once for its HV / H value heads).  Writes g_cs (chunk-local cumsum of g, times log2 e), A = (I + L)^-1,
     and, with FUSE_K, rstd_k = 1/||k_row|| and ssq_k, the largest sum of squares of each chunk's
     k rows ([chunks, H], n_flags entries), both computed here where k is first read.
 
@@ -330,16 +326,19 @@ def gram_solve_kernel(
                     else:
                         i_c, i_b = i_g % NT, i_g // NT
                     tok0, n_valid, i_g = chunk_coords(i_c, i_b, T, NT, cu_seqlens, chunk_indices, BT, IS_VARLEN)
-                    for r in range(HV // H):
-                        _gram_solve(k, g, beta, g_cs, A, rstd_k, ssq_k, tok0, n_valid, i_g, i_h,
-                                    i_h * (HV // H) + r, H, HV, K, BK, BT, BC, True, True, PREC)
+                    _gram_solve(k, g, beta, g_cs, A, rstd_k, ssq_k, tok0, n_valid, i_g, i_h, i_h * (HV // H),
+                                H, HV, K, BK, BT, BC, True, True, PREC, HV // H)
     else:
         i_c, i_bh = tl.program_id(0), tl.program_id(1)
-        i_b, i_hv = i_bh // HV, i_bh % HV
-        i_h = i_hv // (HV // H)
+        if SHARE:
+            i_b, i_h = i_bh // H, i_bh % H
+            hv0 = i_h * (HV // H)
+        else:
+            i_b, hv0 = i_bh // HV, i_bh % HV
+            i_h = hv0 // (HV // H)
         tok0, n_valid, i_g = chunk_coords(i_c, i_b, T, NT, cu_seqlens, chunk_indices, BT, IS_VARLEN)
-        _gram_solve(k, g, beta, g_cs, A, rstd_k, ssq_k, tok0, n_valid, i_g, i_h, i_hv,
-                    H, HV, K, BK, BT, BC, FUSE_K, False, PREC)
+        _gram_solve(k, g, beta, g_cs, A, rstd_k, ssq_k, tok0, n_valid, i_g, i_h, hv0,
+                    H, HV, K, BK, BT, BC, FUSE_K, False, PREC, HV // H if SHARE else 1)
 
 
 @triton.jit(do_not_specialize=["T", "NT"])
@@ -657,7 +656,7 @@ def kda_intra_kernel(
         l00, l10, l11, l20, l21, l22, l30, l31, l32, l33 = _lower_blocks(L, BC)
         o = tl.arange(0, BC)
         x00, x10, x11, x20, x21, x22, x30, x31, x32, x33 = _unit_lower_solve(
-            l00, l10, l11, l20, l21, l22, l30, l31, l32, l33, o, BC, PREC, True)
+            l00, l10, l11, l20, l21, l22, l30, l31, l32, l33, o, BC, PREC)
         _store_lower(A + tok0 * (HV * BT) + i_hv * BT, o, o + BC, o + 2 * BC, o + 3 * BC,
                      o < n_valid, o + BC < n_valid, o + 2 * BC < n_valid, o + 3 * BC < n_valid,
                      x00, x10, x11, x20, x21, x22, x30, x31, x32, x33, HV * BT, o, BC)

@@ -192,6 +192,13 @@ def l2norm(x: torch.Tensor, config: L2NormConfig | None = None, on_launch=None) 
 
 
 # ----------------------------------------------------------------------------- stages
+# gram_solve computes each chunk's gram once per key head for its HV / H value heads (SHARE) from this many
+# (chunk, key head) programs.  H200, the kernel alone at its best of 1 / 2 / 4 warps: shared 0.87-0.93x on
+# the H16 shapes of gdn-qwen6 (2048-8192 programs; h16_hv64_fixed8k 80.0 -> 71.8 us), but 1.21x on
+# h4_hv8_mixed (about 530) and 1.95x on h2_hv8_serving (about 260), where it leaves SMs idle
+GRAM_SHARE_MIN_PROGRAMS = 1024
+
+
 def gram_solve(k, g, beta, *, varlen=None, fuse_k=False, config: GDNConfig = DEFAULT_CONFIG, on_launch=None):
     """Stage 1: (g_cs [B,T,HV] fp32 = cumsum(g)*log2 e per chunk, A [B,T,HV,64] in k's dtype,
     rstd_k [B,T,H] fp32 or None, ssq_k [chunks, H] fp32 or None: the largest sum of squares of each
@@ -206,12 +213,13 @@ def gram_solve(k, g, beta, *, varlen=None, fuse_k=False, config: GDNConfig = DEF
     ssq_k = torch.empty(B * n_grid, H, device=k.device, dtype=torch.float32) if fuse_k else None
     cfg = config.gram
     n_flags = B * n_grid * H  # (passed to the fix-up only: an unused argument would change the main PTX)
+    share = HV > H and n_flags >= GRAM_SHARE_MIN_PROGRAMS
     for fixup in (False, True) if fuse_k else (False,):
-        grid = (cdiv(n_flags, FLAG_BLOCK),) if fixup else (n_grid, B * HV)
+        grid = (cdiv(n_flags, FLAG_BLOCK),) if fixup else (n_grid, B * (H if share else HV))
         _launch(gram_solve_kernel, grid, cfg,
                 k, g, beta, g_cs, A, rstd_k, ssq_k, *_varlen_args(varlen), T, NT, n_flags if fixup else None,
                 H=H, HV=HV, K=K, BK=block(cfg.BK, K), BT=CHUNK_SIZE, BC=SUB_CHUNK,
-                IS_VARLEN=varlen is not None, FUSE_K=fuse_k, FIXUP=fixup, PREC=_precision(k.dtype),
+                IS_VARLEN=varlen is not None, FUSE_K=fuse_k, FIXUP=fixup, PREC=_precision(k.dtype), SHARE=share,
                 hooks=None if fixup else on_launch)
     return g_cs, A, rstd_k, ssq_k
 
