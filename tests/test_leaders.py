@@ -89,6 +89,14 @@ def test_flashqla_reasons(fake_qla, monkeypatch):
     assert "not installed" in get("flashqla").is_available().reason
 
 
+def test_flashqla_without_fla_skips_the_caller_norm_routes(fake_qla, monkeypatch):
+    monkeypatch.setattr(fq, "dist_version", lambda name: None if name in fq.FLA_DISTS else "0.1.3")
+    b, s = get("flashqla"), next(iter(GDN_QWEN.values()))
+    for route, mode in (("explicit", "fwd"), ("megatron", "fwd_bwd")):
+        assert "FLA is not installed" in b.supports(s, route, mode, "cuda").reason
+    assert b.supports(s, "flag", "fwd", "cuda") and b.supports(s, "megatron_flag", "fwd_bwd", "cuda")
+
+
 @pytest.mark.parametrize("sid", ["gdn_fixed_b2", "gdn_packed_gva3"])
 @pytest.mark.parametrize("route", ["explicit", "flag"])
 def test_flashqla_passes_the_gate_through_the_fake(fake_qla, sid, route):

@@ -24,6 +24,8 @@ DIST = "flash-qla"
 HEAD_DIM = 128
 ARCHS = {(9, 0): "sm90", (10, 0): "sm100", (10, 3): "sm103", (12, 0): "sm120", (12, 1): "sm121"}
 CHUNK = 64
+CALLER_NORM_ROUTES = ("explicit", "megatron")  # the routes whose q, k the caller normalizes (FLA's l2norm)
+FLA_DISTS = ("fla-core", "flash-linear-attention")
 
 
 def _capability() -> tuple[int, int]:
@@ -97,6 +99,9 @@ class FlashQLABackend(FlaBackend):
             return no(f"FlashQLA runs on sm90, sm100, sm103 and sm120 only (this GPU: sm{cap[0]}{cap[1]})")
         if mode == "fwd_bwd" and cap[0] == 12:
             return no("FlashQLA has no backward on sm120")
+        if route in CALLER_NORM_ROUTES and not any(dist_version(d) for d in FLA_DISTS):
+            return no(f"route {route} normalizes q, k with FLA's l2norm, and FLA is not installed "
+                      "(pip install flash-linear-attention)")
         return YES
 
     def variant(self, shape, route):
