@@ -131,6 +131,27 @@ def test_dense_batch_gva3(norm):
     check(norm, torch.float32, q, k, v, g, beta)
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+@pytest.mark.parametrize("norm", ["none", "flag", "fused_q", "fused_qk"])
+def test_gram_shared_across_value_heads(norm, dtype, monkeypatch):
+    """gram_solve with one program per key head for its value heads (taken on the GPU from 1024 programs):
+    packed varlen with a tail and an empty sequence, GVA 3, initial states; A and the outputs equal the
+    per-value-head programs' and the fp64 recurrence."""
+    from gdnbench.kernels import ops
+
+    cu = torch.tensor([0, 37, 37, 150], dtype=torch.int64)
+    q, k, v, g, beta, s0 = make_inputs(1, 150, 2, 6, 32, 16, dtype, n_seqs=3, h0=True, seed=7)
+    if norm == "none":
+        q, k = l2norm(q), l2norm(k)
+    varlen = prepare_varlen(cu)
+    per_head = ops.gram_solve(k, g, beta, varlen=varlen, fuse_k=norm == "fused_qk")
+    monkeypatch.setattr(ops, "GRAM_SHARE_MIN_PROGRAMS", 1)
+    shared = ops.gram_solve(k, g, beta, varlen=varlen, fuse_k=norm == "fused_qk")
+    for a, b in zip(per_head, shared):
+        assert (a is None and b is None) or torch.equal(a, b)
+    check(norm, dtype, q, k, v, g, beta, s0, cu)
+
+
 def test_large_k_small_tiles():
     """K=256 (four 64-row state pieces), V=32, small blocks so every K/V loop runs several tiles."""
     cfg = GDNConfig(gram=KernelConfig(BK=32), wu=KernelConfig(BK=64, BV=16),
