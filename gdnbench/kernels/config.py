@@ -60,13 +60,14 @@ class GDNConfig:
     """One config per stage kernel of :func:`gdnbench.kernels.ops.chunk_gdn` and :func:`gdnbench.kernels.ops.chunk_kda`.
 
     Defaults are the fastest of a per-stage config sweep on the H200
-    (B1 T8192 H16 HV32, K = V = 128, bf16, Triton 3.6), per stage: gram 344 -> 126 us
-    (2 warps, BK 64), w/u 98 -> 78 us, state 258 -> 164 us (3 stages), output
-    202 -> 106 us (BK 64, BV 128, 4 warps) against the first, spill-free picks."""
+    (B1 T8192 H16 HV32, K = V = 128, bf16, Triton 3.6), per stage: w/u 98 -> 78 us,
+    state 258 -> 164 us (3 stages), output 202 -> 106 us (BK 64, BV 128, 4 warps) against
+    the first, spill-free picks; gram as its searches chose (below)."""
 
     l2norm: L2NormConfig = field(default_factory=L2NormConfig)
-    # gate cumsum + beta*K K^T gram + (I + A)^-1 solve, per (chunk, head)
-    gram: KernelConfig = field(default_factory=lambda: KernelConfig(BK=64, num_warps=2, num_stages=2))
+    # gate cumsum + beta*K K^T gram + (I + A)^-1 solve, per (chunk, head).  H200, gdn-qwen6: every one of its
+    # 12 searches chose 1 warp (0.63-0.70x the time at 2 warps, 2 stages), BK 64 and 3 stages in 6
+    gram: KernelConfig = field(default_factory=lambda: KernelConfig(BK=64, num_warps=1, num_stages=3))
     # w = A (beta exp(g) k), u = A (beta v), per (chunk, head)
     wu: KernelConfig = field(default_factory=lambda: KernelConfig(BK=128, BV=128, num_warps=8, num_stages=2))
     # inter-chunk state recurrence, per (V block, sequence*head); K is split into pieces of BK rows
