@@ -27,6 +27,8 @@ from ..data.results import dist_version
 from .base import DECODE_ROUTES, TRAIN_ROUTES, YES, Backend, no, one_line
 
 CHUNK = 64
+DISTS = ("fla-core", "flash-linear-attention")  # FLA's wheel, under either name
+INSTALL_HINT = "pip install fla-core==0.6.0"
 HOPPER_BWD_REFUSED = "FLA 0.6.0 refuses gated GDN backward on Hopper with Triton < 3.7.1 (fla issue #640)"
 
 
@@ -52,8 +54,8 @@ class FlaBackend(Backend):
     devices = ("cuda",)
 
     def is_available(self):
-        if dist_version("fla-core") is None and dist_version("flash-linear-attention") is None:
-            return no("fla-core is not installed (pip install fla-core==0.6.0)")
+        if self.version() is None:
+            return no(f"fla-core is not installed ({INSTALL_HINT})")
         _pin_dispatch()
         try:
             import fla  # noqa: F401
@@ -62,7 +64,7 @@ class FlaBackend(Backend):
         return YES
 
     def version(self):
-        return dist_version("fla-core") or dist_version("flash-linear-attention")
+        return next((v for v in map(dist_version, DISTS) if v), None)
 
     def variant(self, shape, route):
         try:

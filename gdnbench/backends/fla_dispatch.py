@@ -15,7 +15,7 @@ import sys
 
 from ..data.results import dist_version
 from .base import TRAIN_ROUTES, YES, Support, no, one_line
-from .fla import HOPPER_BWD_REFUSED, FlaBackend, gdn_backward_refused
+from .fla import HOPPER_BWD_REFUSED, INSTALL_HINT, FlaBackend, gdn_backward_refused
 from .flashqla import leader_support
 
 DISPATCH_ON = {"FLA_DISABLE_BACKEND_DISPATCH": "0"}
@@ -66,7 +66,7 @@ class FlaDispatchBackend(FlaBackend):
 
     def is_available(self):
         if self.version() is None:
-            return no("fla-core is not installed (pip install fla-core==0.6.0)")
+            return no(f"fla-core is not installed ({INSTALL_HINT})")
         targets = [f"{name} {dist_version(dist)}" for name, dist in DISPATCH_TARGETS if dist_version(dist)]
         return Support(True, "dispatch targets installed: " + ", ".join(targets) if targets else
                        "no dispatch target installed: FLA runs its own Triton kernels")

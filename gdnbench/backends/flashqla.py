@@ -18,6 +18,8 @@ from __future__ import annotations
 
 from ..data.results import dist_version
 from .base import TRAIN_ROUTES, YES, no, one_line
+from .fla import DISTS as FLA_DISTS
+from .fla import INSTALL_HINT as FLA_INSTALL_HINT
 from .fla import FlaBackend
 
 DIST = "flash-qla"
@@ -25,7 +27,6 @@ HEAD_DIM = 128
 ARCHS = {(9, 0): "sm90", (10, 0): "sm100", (10, 3): "sm103", (12, 0): "sm120", (12, 1): "sm121"}
 CHUNK = 64
 CALLER_NORM_ROUTES = ("explicit", "megatron")  # the routes whose q, k the caller normalizes (FLA's l2norm)
-FLA_DISTS = ("fla-core", "flash-linear-attention")
 
 
 def _capability() -> tuple[int, int]:
@@ -101,7 +102,7 @@ class FlashQLABackend(FlaBackend):
             return no("FlashQLA has no backward on sm120")
         if route in CALLER_NORM_ROUTES and not any(dist_version(d) for d in FLA_DISTS):
             return no(f"route {route} normalizes q, k with FLA's l2norm, and FLA is not installed "
-                      "(pip install flash-linear-attention)")
+                      f"({FLA_INSTALL_HINT})")
         return YES
 
     def variant(self, shape, route):
