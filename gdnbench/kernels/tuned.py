@@ -224,9 +224,9 @@ def tuned_config(shape, route: str, env: dict | None, cache_dir: Path | None = N
 def in_loop_choice(shape, route: str, env: dict | None, cache_dir: Path | None = None) -> tuple[str | None, str]:
     """(form, why): ``"wu"`` where the autotuner timed the in-loop form's loop (fused_out: no w/u kernel) below
     the state_out + wu pair it replaces, for this shape key and route; else None. GDN only; needs all three
-    entries current on this machine. H200, B1 T8192 H16, state_out's BV 64 / 4 warps / 3 stages in both
-    forms: HV48 322 against 249 + 115 us, HV64 350 against 246 + 145 us; at BV 32 (HV32) 263 against
-    188 + 74: the loop's extra A x product costs what w/u's traffic saved (docs/design.md)."""
+    entries current on this machine. H200 searches, gdn-qwen6, plain variant: the loop wins on five of six
+    shapes (HV48 213.7 against 199.4 + 114.4 us, HV64 344.2 against 245.6 + 146.4); under fused_qk on three,
+    losing at HV64 (414.1 against 243.3 + 149.2) and HV32 8K (docs/design.md)."""
     if shape.family != "gdn" or env is None or os.environ.get(DISABLE_ENV, "1") == "0":
         return None, ""
     times = {}
