@@ -628,7 +628,7 @@ def kda_intra_kernel(
     is folded into the grams here, where k is first read); program 1: Aqk = lower(gated Q K^T) on q
     as given (raw under the fused routes, where the output kernel scales each row once at the end).
 
-    H200, kda-legacy6 h96_fixed, this stage alone (logs/20261130_kda_intra_variants.log): twenty
+    H200, kda-legacy6 h96_fixed, this stage alone: twenty
     16x16-block dots per K tile 2218 us; [64, 64] dots, both grams in one program 1882 us (4 warps);
     one gram per program 1795 us (2 warps); + c from a separate cumsum kernel instead of a scan and
     row reductions here 1480 us; + bf16 dot operands 988 us (FLA's whole forward: 2597 us with its

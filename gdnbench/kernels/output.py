@@ -41,7 +41,7 @@ RAW_K_SSQ_MAX_FP16 = tl.constexpr(2.0**30)  # fp16: |k| >= 2^15 may take q_norm 
 def _qq_dot(b_q, b_qq, PREC: tl.constexpr):
     """b_qq += q q^T (its diagonal: q's row sums of squares).  fp32 storage (tf32x3) takes it in
     ieee: on the H200 tf32x3 gave NaN outputs for fp32 q rows of 1e30 (1e25 and 1e33 were right,
-    after common.diag_ssq), ieee none (logs/20261130_session9/fp32_probe_*.log)."""
+    after common.diag_ssq), ieee none."""
     if PREC == "tf32x3":
         return tl.dot(b_q, tl.trans(b_q), b_qq, input_precision="ieee")
     return tl.dot(b_q, tl.trans(b_q), b_qq, input_precision=PREC)
@@ -78,8 +78,7 @@ def _qgh(qb, gb, hb, rows, m_t, o_v, K: tl.constexpr, V: tl.constexpr, stride, g
 
     q q^T is issued first, as soon as q is loaded: on the H200 (kda-legacy6 h96_fixed, the stage
     alone, best of seven configs each) a copy of this kernel issuing it first cost 3.0 us over the
-    plain kernel, this kernel issuing it after (q exp(g)) h 7.0 us (h64_fixed: 3.8 and 7.4 us;
-    logs/20261130_session7/kda_output_preload.log, qq_copy vs qq)."""
+    plain kernel, this kernel issuing it after (q exp(g)) h 7.0 us (h64_fixed: 3.8 and 7.4 us)."""
     b_o = tl.zeros([BT, BV], dtype=tl.float32)
     b_qq = tl.zeros([BT, BT], dtype=tl.float32)
     for i_k in range(tl.cdiv(K, BK)):
