@@ -989,3 +989,18 @@ def test_ranks_on_node_follow_torchrun_local_world(monkeypatch):
     assert at_dist.ranks_on_node(at_dist.Dist(0, 16)) == 16
     monkeypatch.setenv("LOCAL_WORLD_SIZE", "8")  # two nodes of eight GPUs
     assert at_dist.ranks_on_node(at_dist.Dist(0, 16)) == 8
+
+
+def test_fused_out_is_timed_under_every_gate_regime():
+    """fused_out in segments is fast where gates forget and serial where they do not: a candidate's time is the
+    geometric mean of its times under each gate regime's inputs."""
+    client = _smoke_client("gdn_fixed_b2")
+    try:
+        point = {"BK": 32, "BV": 32, "segments": 2, "num_warps": 4, "num_stages": 1, "maxnreg": None}
+        res = client.evaluate("fused_out", "flag", point)
+    finally:
+        client.close()
+    assert res["status"] == "ok", res
+    t = res["time_us_by_gates"]
+    assert sorted(t) == ["long", "strong"] and all(v > 0 for v in t.values())
+    assert res["time_us"] == pytest.approx((t["long"] * t["strong"]) ** 0.5)

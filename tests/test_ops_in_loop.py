@@ -190,3 +190,52 @@ def test_fusedwu_runs_its_loop_at_state_outs_tuned_config():
     assert wu._loop_config(big, shape) == (big, "")  # does not fit the loop: its default
     loop = wu_aqk._loop_config(cfg, shape)[0].fused_out
     assert loop == dataclasses.replace(default_config(128, 128, 2).fused_out, num_stages=2)
+
+
+def _three_gate_heads(T, seed):
+    """Gates per value head: strong (a chunk forgets 2^-90: warm-up from the previous chunk), none (g = 0: a
+    walk from the start or the wait for the previous segment), slow (-0.01 per token: 35 chunks to 2^-32)."""
+    g = torch.empty(1, T, 3)
+    g[..., 0] = -1.0 - torch.rand(1, T, generator=torch.Generator().manual_seed(seed))
+    g[..., 1] = 0.0
+    g[..., 2] = -0.01
+    return g
+
+
+@pytest.mark.parametrize("form,norm,segments", [("wu", "flag", 2), ("wu", "fused_q", 4), ("wu", "fused_qk", 8),
+                                                ("wu_aqk", "none", 4)])
+def test_segments_match_one_segment(form, norm, segments):
+    """Sequences cut in segments (each program warms up or waits for its predecessor's state) give what one
+    program per sequence gives: packed sequences of 8, 1, 0 and 5 chunks (fewer chunks than segments, an empty
+    one), initial and final states, three gate regimes, GVA 3."""
+    cu = torch.tensor([0, 512, 549, 549, 849])
+    q, k, v, _, beta, s0 = make_inputs(1, 849, 1, 3, 32, 16, torch.float32, n_seqs=4, h0=True, seed=21)
+    g = _three_gate_heads(849, 21)
+    if norm == "none":
+        q, k = l2norm(q), l2norm(k)
+    one, _ = configs(32, 16, torch.float32, form, fused_out=KernelConfig(BK=16, BV=16, num_warps=2))
+    cut = dataclasses.replace(one, fused_out=dataclasses.replace(one.fused_out, segments=segments))
+    o1, f1 = check(norm, torch.float32, q, k, v, g, beta, s0, cu, config=one)
+    o2, f2 = chunk_gdn(q, k, v, g, beta, initial_state=s0, output_final_state=True, cu_seqlens=cu, norm=norm,
+                       config=cut)
+    assert rel_rms(o1, o2) < 1e-6 and rel_rms(f1, f2) < 1e-6, (rel_rms(o1, o2), rel_rms(f1, f2))
+    # the heads that never forget keep no warm-up truncation: bitwise what one program gives
+    assert torch.equal(o1[..., 1, :], o2[..., 1, :]) and torch.equal(f1[:, 1], f2[:, 1])
+
+
+def test_segments_dense_batch():
+    """B = 2 rows of 6 chunks in 4 segments, no initial state, GVA 3, in_loop "wu" under flag."""
+    q, k, v, _, beta, _ = make_inputs(2, 384, 1, 3, 32, 32, torch.float32, seed=22)
+    g = _three_gate_heads(384, 22).expand(2, -1, -1).contiguous()
+    one, _ = configs(32, 32, torch.float32, "wu")
+    cut = dataclasses.replace(one, fused_out=dataclasses.replace(one.fused_out, segments=4))
+    o1, f1 = check("flag", torch.float32, q, k, v, g, beta, config=one)
+    o2, f2 = chunk_gdn(q, k, v, g, beta, output_final_state=True, norm="flag", config=cut)
+    assert rel_rms(o1, o2) < 1e-6 and rel_rms(f1, f2) < 1e-6, (rel_rms(o1, o2), rel_rms(f1, f2))
+
+
+def test_segments_refused_elsewhere():
+    with pytest.raises(ValueError, match="fused_out.segments=3 must be one of"):
+        ops.validate(GDNConfig(in_loop="wu", fused_out=KernelConfig(BV=32, segments=3)), 128, 128)
+    with pytest.raises(ValueError, match="state_out.segments=2: only fused_out"):
+        ops.validate(GDNConfig(state_out=KernelConfig(BV=32, segments=2)), 128, 128)

@@ -4,7 +4,7 @@ Space. Per kernel: its block sizes (BR for l2norm; BK and/or BV for the others, 
 from 16 up to the head size rounded up to a power of two: larger blocks are clamped by the
 kernel to the same code), num_warps 1..16, num_stages 1..4 (1 for l2norm, which has no loop)
 and maxnreg: None (the compiler's choice) plus caps 64, 72, .., 248 (every multiple of 8 that
-ptxas accepts between 64 and 255). Points that :func:`gdnbench.kernels.config.validate` (the
+ptxas accepts between 64 and 255); fused_out also its segments per sequence (1, 2, 4, 8). Points that :func:`gdnbench.kernels.config.validate` (the
 same function the defaults pass) rejects - shared memory, block divisibility, register file -
 are pruned before anything runs. The other kernels keep the shape's default config.
 """
@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from typing import Callable
 
 from ..kernels import tuned
+from ..kernels.config import SEGMENTS
 from ..vocab import dtype_bytes
 
 
@@ -48,7 +49,8 @@ def dimensions(kernel: str, K: int, V: int) -> list[tuple[str, tuple]]:
         return [("BR", BR_VALUES)] + tail
     blocks = {"gram": ("BK",), "kda_intra": ("BK",), "wu": ("BK", "BV"), "state": ("BK", "BV"), "output": ("BK", "BV"),
               "output_fused": ("BK", "BV"), "aqk": ("BK",), "state_out": ("BK", "BV"), "fused_out": ("BK", "BV")}[kernel]
-    return [(b, _blocks_for(K if b == "BK" else V)) for b in blocks] + tail
+    segs = [("segments", SEGMENTS)] if kernel == "fused_out" else []
+    return [(b, _blocks_for(K if b == "BK" else V)) for b in blocks] + segs + tail
 
 
 def point_key(point: Point) -> tuple:

@@ -32,6 +32,7 @@ ONE_PASS_MAX_K = 128  # GDN's one-pass path (aqk + state_out) is built and measu
 IN_LOOP_FORMS = (None, "wu", "wu_aqk")  # GDNConfig.in_loop
 _BLOCKS = (16, 32, 64, 128, 256)
 _WARPS = (1, 2, 4, 8, 16)
+SEGMENTS = (1, 2, 4, 8)  # KernelConfig.segments (fused_out)
 
 
 @dataclass(frozen=True)
@@ -43,6 +44,8 @@ class KernelConfig:
     num_warps: int = 4
     num_stages: int = 2
     maxnreg: int | None = None
+    # fused_out only: segments each sequence's chunks are cut into, one program per segment (kernels/fused_fwd.py)
+    segments: int = 1
 
 
 @dataclass(frozen=True)
@@ -249,6 +252,10 @@ def _check(config: GDNConfig, K: int, V: int, dtype_bytes: int, family: str) -> 
                 raise ValueError(f"config.{name}.BK={c.BK!r} must be None or one of {_BLOCKS}")
             if cdiv(K, state_piece(c, K)) > 4:
                 raise ValueError(f"config.{name}.BK={c.BK} splits K={K} into more than 4 pieces")
+        if name != "l2norm" and c.segments != (c.segments if name == "fused_out" else 1):
+            raise ValueError(f"config.{name}.segments={c.segments}: only fused_out cuts sequences in segments")
+        if name == "fused_out" and c.segments not in SEGMENTS:
+            raise ValueError(f"config.fused_out.segments={c.segments!r} must be one of {SEGMENTS}")
         if name == "l2norm" and (c.BR < 1 or c.BR & (c.BR - 1)):
             raise ValueError(f"config.l2norm.BR={c.BR} must be a power of two")
         if c.num_warps not in _WARPS:

@@ -26,6 +26,28 @@ x = beta v - beta exp2(c) r (k_raw h) and v_new = r (A x), and the update runs o
 
 Rounding: the two-kernel forms round w and u to k's and v's dtype; this form rounds x to A's dtype for the
 A x product and keeps v_new in fp32 until the o product (cast to v's dtype there, as state_out does).
+
+Context parallelism (``segments`` > 1): each sequence's chunks are cut into that many segments, one program
+per (segment, head, V slab), so a long sequence with few heads fills the SMs (h16_hv32_fixed32k: 64
+programs of 512 chunks each on 132 SMs at BV 64).  A segment needs the state entering its first chunk c0:
+
+- warm-up: where the gates' total decay over chunks [w0, c0) falls below 2^-WARM_UP_LOG2 within one
+  segment's length of chunks back, the program walks [w0, c0) from an empty state (the state update only,
+  no output) and then its own chunks.  With unit-norm k rows and beta in [0, 2] each token's transition
+  exp(g) (I - beta k k^T) has norm <= exp(g), so the dropped state reaches c0 scaled by at most 2^-32: exact
+  to that bound (below fp32 rounding).  Where c0 itself is within reach, the walk starts at the sequence
+  start (exact).  Unit-norm k: every route normalizes k (norm "none" callers pass normalized k).
+- hand-over: where the gates do not decay that far (long-memory heads), the program waits for the previous
+  segment's final state (a flag per program, fp32 state in ``hand``) and continues from it: exact, and as
+  serial as one program per sequence for those heads.  Programs take tickets from an atomic counter and
+  decode their (sequence, segment, head, V slab) from it, so the one a program waits for started earlier:
+  no deadlock whatever order the hardware starts programs in.
+
+H200, gdn-qwen6 shapes, explicit route, this kernel alone (a prototype that warmed up from the sequence start
+instead of waiting): strong gates, HV32 8K 249.3 us as one program per sequence, 131.9 in 4 segments at
+BV 64 (64-row pieces, 2 stages); HV64 8K 339.7 -> 254.6 (2 segments); HV32 32K 1005.1 -> 497.0 (4).
+Long-memory gates, the same configs: 313.4, 394.3 and 1307.1 us (0.80-1.25x slower than one program): the
+warm-ups of heads that never forget walked the whole prefix; the hand-over replaces those walks.
 """
 
 import triton
@@ -34,19 +56,23 @@ import triton.language as tl
 from .common import loop_bound
 from .state import _initial_pieces, _sequence_span, _store_pieces
 
+WARM_UP_LOG2 = 32  # a warm-up starts where the gates have decayed by 2^-32
+
 
 @triton.jit
 def _piece_products(qb, kb, rows, m_t, o_k, b_h, b_kh, b_qh, b_s, K: tl.constexpr, stride,
-                    QK: tl.constexpr, PREC: tl.constexpr):
-    """One state piece's share of k h, q h and (QK) q k^T; returns the k tile too (the update's operand)."""
+                    QK: tl.constexpr, PREC: tl.constexpr, Q: tl.constexpr):
+    """One state piece's share of k h, (Q) q h and (Q and QK) q k^T; returns the k tile too (the update's
+    operand)."""
     msk = m_t[:, None] & (o_k < K)[None, :]
     b_k = tl.load(kb + rows[:, None] * stride + o_k[None, :], mask=msk, other=0.0)
-    b_q = tl.load(qb + rows[:, None] * stride + o_k[None, :], mask=msk, other=0.0)
     b_hh = b_h.to(b_k.dtype)
     b_kh = tl.dot(b_k, b_hh, b_kh, input_precision=PREC)
-    b_qh = tl.dot(b_q, b_hh, b_qh, input_precision=PREC)
-    if QK:
-        b_s = tl.dot(b_q, tl.trans(b_k), b_s, input_precision=PREC)
+    if Q:
+        b_q = tl.load(qb + rows[:, None] * stride + o_k[None, :], mask=msk, other=0.0)
+        b_qh = tl.dot(b_q, b_hh, b_qh, input_precision=PREC)
+        if QK:
+            b_s = tl.dot(b_q, tl.trans(b_k), b_s, input_precision=PREC)
     return b_k, b_kh, b_qh, b_s
 
 
@@ -56,79 +82,59 @@ def _update(b_k, b_vd, b_h, d_last, PREC: tl.constexpr):
     return tl.dot(tl.trans(b_k), b_vd, b_h * d_last, input_precision=PREC)
 
 
-@triton.jit(do_not_specialize=["T"])
-def fused_state_out_kernel(
-    q, k, v, beta, g_cs, A, rstd_k, aqk, c_q, o, h0, ht, cu_seqlens, scale, T,
-    H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BV: tl.constexpr, BT: tl.constexpr,
-    IS_VARLEN: tl.constexpr, USE_H0: tl.constexpr, STORE_HT: tl.constexpr, FUSE_Q: tl.constexpr,
-    FUSE_K: tl.constexpr, IN_LOOP_AQK: tl.constexpr, PREC: tl.constexpr, PIECE: tl.constexpr,
-):
-    """Grid (cdiv(V, BV), N*HV).  o like v; h0/ht [N, HV, K, V] fp32; A [B,T,HV,64] from gram_solve; aqk and
-    c_q from aqk_kernel unless IN_LOOP_AQK (then unused, and FUSE_Q is not allowed); rstd_k [B,T,H] fp32
-    under FUSE_K.  PIECE rows per state piece, K <= 4 PIECE (as the state kernel)."""
-    i_v, i_nh = tl.program_id(0), tl.program_id(1)
-    i_n, i_hv = i_nh // HV, i_nh % HV
-    i_h = i_hv // (HV // H)
-    bos, seq_len = _sequence_span(cu_seqlens, i_n, T, IS_VARLEN)
-    n_chunks = tl.cdiv(seq_len, BT)
-
-    o_v = i_v * BV + tl.arange(0, BV)
-    m_v = o_v < V
+@triton.jit
+def _chunk_step(q, k, v, beta, g_cs, A, rstd_k, aqk, c_q, o, tok, n_valid, rows, o_v, m_v, i_h, i_hv,
+                b_h1, b_h2, b_h3, b_h4, scale, H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
+                BV: tl.constexpr, BT: tl.constexpr, FUSE_Q: tl.constexpr, FUSE_K: tl.constexpr,
+                IN_LOOP_AQK: tl.constexpr, PREC: tl.constexpr, PIECE: tl.constexpr, OUT: tl.constexpr):
+    """One chunk of the loop: o's rows (OUT) and the state carried past the chunk; OUT False is a warm-up
+    step (the state only: no q, Aqk or o)."""
     o_k1 = tl.arange(0, PIECE)
-    o_k2 = o_k1 + PIECE
-    o_k3 = o_k2 + PIECE
-    o_k4 = o_k3 + PIECE
-    b_h1, b_h2, b_h3, b_h4 = _initial_pieces(h0, i_nh, o_v, K, V, BV, PIECE, USE_H0)
+    qb = q + tok * (H * K) + i_h * K
+    kb = k + tok * (H * K) + i_h * K
+    gb = g_cs + tok * HV + i_hv
+    m_t = rows < n_valid
+    # k h, q h (and q k^T) from the state entering this chunk
+    b_kh = tl.zeros([BT, BV], dtype=tl.float32)
+    b_qh = tl.zeros([BT, BV], dtype=tl.float32)
+    b_s = tl.zeros([BT, BT], dtype=tl.float32)
+    b_k1, b_kh, b_qh, b_s = _piece_products(qb, kb, rows, m_t, o_k1, b_h1, b_kh, b_qh, b_s, K, H * K,
+                                            IN_LOOP_AQK, PREC, OUT)
+    if K > PIECE:
+        b_k2, b_kh, b_qh, b_s = _piece_products(qb, kb, rows, m_t, o_k1 + PIECE, b_h2, b_kh, b_qh, b_s, K, H * K,
+                                                IN_LOOP_AQK, PREC, OUT)
+    if K > 2 * PIECE:
+        b_k3, b_kh, b_qh, b_s = _piece_products(qb, kb, rows, m_t, o_k1 + 2 * PIECE, b_h3, b_kh, b_qh, b_s, K,
+                                                H * K, IN_LOOP_AQK, PREC, OUT)
+    if K > 3 * PIECE:
+        b_k4, b_kh, b_qh, b_s = _piece_products(qb, kb, rows, m_t, o_k1 + 3 * PIECE, b_h4, b_kh, b_qh, b_s, K,
+                                                H * K, IN_LOOP_AQK, PREC, OUT)
 
-    rows = tl.arange(0, BT)
-    for i_t in range(loop_bound(n_chunks)):
-        tok = bos + i_t * BT
-        qb = q + tok * (H * K) + i_h * K
-        kb = k + tok * (H * K) + i_h * K
-        gb = g_cs + tok * HV + i_hv
-        n_valid = seq_len - i_t * BT
-        m_t = rows < n_valid
-        # k h, q h (and q k^T) from the state entering this chunk
-        b_kh = tl.zeros([BT, BV], dtype=tl.float32)
-        b_qh = tl.zeros([BT, BV], dtype=tl.float32)
-        b_s = tl.zeros([BT, BT], dtype=tl.float32)
-        b_k1, b_kh, b_qh, b_s = _piece_products(qb, kb, rows, m_t, o_k1, b_h1, b_kh, b_qh, b_s, K, H * K,
-                                                IN_LOOP_AQK, PREC)
-        if K > PIECE:
-            b_k2, b_kh, b_qh, b_s = _piece_products(qb, kb, rows, m_t, o_k2, b_h2, b_kh, b_qh, b_s, K, H * K,
-                                                    IN_LOOP_AQK, PREC)
-        if K > 2 * PIECE:
-            b_k3, b_kh, b_qh, b_s = _piece_products(qb, kb, rows, m_t, o_k3, b_h3, b_kh, b_qh, b_s, K, H * K,
-                                                    IN_LOOP_AQK, PREC)
-        if K > 3 * PIECE:
-            b_k4, b_kh, b_qh, b_s = _piece_products(qb, kb, rows, m_t, o_k4, b_h4, b_kh, b_qh, b_s, K, H * K,
-                                                    IN_LOOP_AQK, PREC)
+    last = tl.minimum(n_valid, BT) - 1
+    c_last = tl.load(gb + last * HV)
+    if FUSE_Q:  # q h on raw q: its rows take q's rstd r, as exp2(c + log2 r) (see state_out.py)
+        p_cq = c_q + (tok * HV + i_hv) * 2 + rows[:, None] * (HV * 2) + tl.arange(0, 2)[None, :]
+        c, c_o = tl.split(tl.load(p_cq, mask=m_t[:, None], other=0.0))
+    else:
+        c = tl.load(gb + rows * HV, mask=m_t, other=0.0)
+        c_o = c
+    # v_new = A x,  x = beta v - beta exp2(c) (k h)   (= u - w h)
+    b_beta = tl.load(beta + tok * HV + i_hv + rows * HV, mask=m_t, other=0.0).to(tl.float32)
+    f_kh = b_beta * tl.math.exp2(c)
+    if FUSE_K:
+        r_k = tl.load(rstd_k + tok * H + i_h + rows * H, mask=m_t, other=0.0)
+        f_kh = f_kh * r_k
+    m_tv = m_t[:, None] & m_v[None, :]
+    p_v = rows[:, None] * (HV * V) + o_v[None, :]
+    b_v = tl.load(v + tok * (HV * V) + i_hv * V + p_v, mask=m_tv, other=0.0).to(tl.float32)
+    b_x = b_v * b_beta[:, None] - b_kh * f_kh[:, None]
+    p_A = tok * (HV * BT) + i_hv * BT + rows[:, None] * (HV * BT) + rows[None, :]
+    b_A = tl.load(A + p_A, mask=m_t[:, None], other=0.0)
+    b_vn = tl.dot(b_A, b_x.to(b_A.dtype), input_precision=PREC)
+    if FUSE_K:
+        b_vn = b_vn * r_k[:, None]
 
-        last = tl.minimum(n_valid, BT) - 1
-        c_last = tl.load(gb + last * HV)
-        if FUSE_Q:  # q h on raw q: its rows take q's rstd r, as exp2(c + log2 r) (see state_out.py)
-            p_cq = c_q + (tok * HV + i_hv) * 2 + rows[:, None] * (HV * 2) + tl.arange(0, 2)[None, :]
-            c, c_o = tl.split(tl.load(p_cq, mask=m_t[:, None], other=0.0))
-        else:
-            c = tl.load(gb + rows * HV, mask=m_t, other=0.0)
-            c_o = c
-        # v_new = A x,  x = beta v - beta exp2(c) (k h)   (= u - w h)
-        b_beta = tl.load(beta + tok * HV + i_hv + rows * HV, mask=m_t, other=0.0).to(tl.float32)
-        f_kh = b_beta * tl.math.exp2(c)
-        if FUSE_K:
-            r_k = tl.load(rstd_k + tok * H + i_h + rows * H, mask=m_t, other=0.0)
-            f_kh = f_kh * r_k
-        m_tv = m_t[:, None] & m_v[None, :]
-        p_v = rows[:, None] * (HV * V) + o_v[None, :]
-        b_v = tl.load(v + tok * (HV * V) + i_hv * V + p_v, mask=m_tv, other=0.0).to(tl.float32)
-        b_x = b_v * b_beta[:, None] - b_kh * f_kh[:, None]
-        p_A = tok * (HV * BT) + i_hv * BT + rows[:, None] * (HV * BT) + rows[None, :]
-        b_A = tl.load(A + p_A, mask=m_t[:, None], other=0.0)
-        b_vn = tl.dot(b_A, b_x.to(b_A.dtype), input_precision=PREC)
-        if FUSE_K:
-            b_vn = b_vn * r_k[:, None]
-
-        # o = scale * (exp2(c) q h + Aqk v_new)
+    if OUT:  # o = scale * (exp2(c) q h + Aqk v_new)
         if IN_LOOP_AQK:
             keep = (rows[:, None] >= rows[None, :]) & m_t[:, None] & m_t[None, :]
             # where() after the product: above the diagonal exp2 may overflow, never selected
@@ -139,17 +145,136 @@ def fused_state_out_kernel(
         b_o = tl.dot(b_Aqk, b_vo, b_qh * tl.math.exp2(c_o)[:, None], input_precision=PREC) * scale
         tl.store(o + tok * (HV * V) + i_hv * V + p_v, b_o.to(o.dtype.element_ty), mask=m_tv)
 
-        # decay to the chunk end, then add the chunk's keys/values
-        row_f = tl.where(m_t, tl.math.exp2(c_last - c), 0.0)
-        b_vd = (b_vn * row_f[:, None]).to(k.dtype.element_ty)
-        d_last = tl.math.exp2(c_last)
-        b_h1 = _update(b_k1, b_vd, b_h1, d_last, PREC)
-        if K > PIECE:
-            b_h2 = _update(b_k2, b_vd, b_h2, d_last, PREC)
-        if K > 2 * PIECE:
-            b_h3 = _update(b_k3, b_vd, b_h3, d_last, PREC)
-        if K > 3 * PIECE:
-            b_h4 = _update(b_k4, b_vd, b_h4, d_last, PREC)
+    # decay to the chunk end, then add the chunk's keys/values
+    row_f = tl.where(m_t, tl.math.exp2(c_last - c), 0.0)
+    b_vd = (b_vn * row_f[:, None]).to(k.dtype.element_ty)
+    d_last = tl.math.exp2(c_last)
+    b_h1 = _update(b_k1, b_vd, b_h1, d_last, PREC)
+    if K > PIECE:
+        b_h2 = _update(b_k2, b_vd, b_h2, d_last, PREC)
+    if K > 2 * PIECE:
+        b_h3 = _update(b_k3, b_vd, b_h3, d_last, PREC)
+    if K > 3 * PIECE:
+        b_h4 = _update(b_k4, b_vd, b_h4, d_last, PREC)
+    return b_h1, b_h2, b_h3, b_h4
 
+
+@triton.jit
+def _warm_start(gl, c0, cap, stride, THRESH: tl.constexpr, CB: tl.constexpr):
+    """Where a segment starting at chunk c0 starts its warm-up: the latest w0 in [c0 - cap, c0] whose chunks
+    [w0, c0) decay by more than 2^-THRESH in total; 0 where none does but c0 <= cap (a walk from the
+    sequence start, exact); -1 where none does within cap chunks (the segment waits for its predecessor's
+    state).  c_last of chunk j (log2 units) at gl + j * stride."""
+    lo = tl.maximum(c0 - cap, 0)
+    w0 = c0 * 0 - 1
+    found = c0 * 0
+    jb = c0
+    acc = tl.sum(tl.zeros([CB], dtype=tl.float32), 0)
+    while (jb > lo) & (found == 0):
+        js = jb - 1 - tl.arange(0, CB)
+        ok = js >= lo
+        cl = tl.load(gl + js.to(tl.int64) * stride, mask=ok, other=0.0)
+        cs = acc + tl.cumsum(cl, 0)
+        jhit = tl.max(tl.where((cs < -THRESH) & ok, js, -1), 0)
+        w0 = tl.where(jhit >= 0, jhit, w0)
+        found = tl.where(jhit >= 0, 1, found)
+        acc += tl.sum(cl, 0)
+        jb -= CB
+    return tl.where((found == 0) & (lo == 0), 0, w0)
+
+
+@triton.jit
+def _handed_pieces(ptr, o_v, K: tl.constexpr, V: tl.constexpr, BV: tl.constexpr, PIECE: tl.constexpr):
+    """The [K, V] fp32 state another program handed over at ptr, read through L2 (.cg)."""
+    o_k = tl.arange(0, PIECE)
+    b_h1 = tl.zeros([PIECE, BV], dtype=tl.float32)
+    b_h2 = tl.zeros([PIECE, BV], dtype=tl.float32)
+    b_h3 = tl.zeros([PIECE, BV], dtype=tl.float32)
+    b_h4 = tl.zeros([PIECE, BV], dtype=tl.float32)
+    m_v = (o_v < V)[None, :]
+    b_h1 += tl.load(ptr + o_k[:, None] * V + o_v[None, :], mask=(o_k < K)[:, None] & m_v, other=0.0,
+                    cache_modifier=".cg")
+    if K > PIECE:
+        b_h2 += tl.load(ptr + (o_k + PIECE)[:, None] * V + o_v[None, :], mask=((o_k + PIECE) < K)[:, None] & m_v,
+                        other=0.0, cache_modifier=".cg")
+    if K > 2 * PIECE:
+        b_h3 += tl.load(ptr + (o_k + 2 * PIECE)[:, None] * V + o_v[None, :],
+                        mask=((o_k + 2 * PIECE) < K)[:, None] & m_v, other=0.0, cache_modifier=".cg")
+    if K > 3 * PIECE:
+        b_h4 += tl.load(ptr + (o_k + 3 * PIECE)[:, None] * V + o_v[None, :],
+                        mask=((o_k + 3 * PIECE) < K)[:, None] & m_v, other=0.0, cache_modifier=".cg")
+    return b_h1, b_h2, b_h3, b_h4
+
+
+@triton.jit(do_not_specialize=["T"])
+def fused_state_out_kernel(
+    q, k, v, beta, g_cs, A, rstd_k, aqk, c_q, o, h0, ht, cu_seqlens, sync, hand, scale, T,
+    H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BV: tl.constexpr, BT: tl.constexpr,
+    IS_VARLEN: tl.constexpr, USE_H0: tl.constexpr, STORE_HT: tl.constexpr, FUSE_Q: tl.constexpr,
+    FUSE_K: tl.constexpr, IN_LOOP_AQK: tl.constexpr, PREC: tl.constexpr, PIECE: tl.constexpr,
+    SEG: tl.constexpr, THRESH: tl.constexpr,
+):
+    """SEG 1: grid (cdiv(V, BV), N*HV).  o like v; h0/ht [N, HV, K, V] fp32; A [B,T,HV,64] from gram_solve; aqk
+    and c_q from aqk_kernel unless IN_LOOP_AQK (then unused, and FUSE_Q is not allowed); rstd_k [B,T,H] fp32
+    under FUSE_K.  PIECE rows per state piece, K <= 4 PIECE (as the state kernel).
+
+    SEG > 1 (context parallelism, module docstring): grid (N*SEG*HV*cdiv(V, BV),); sync int32 zeros, one
+    ticket counter then a flag per program; hand fp32 [N*SEG*HV, K, V], the states handed between segments."""
+    NV: tl.constexpr = (V + BV - 1) // BV
+    if SEG == 1:
+        i_v, i_nh = tl.program_id(0), tl.program_id(1)
+        i_n, i_hv = i_nh // HV, i_nh % HV
+        i_s = 0
+        t = 0
+    else:
+        # tickets in start order: the program a segment waits for took a lower ticket, so it runs
+        t = tl.atomic_add(sync, 1)
+        i_v = t % NV
+        i_hv = (t // NV) % HV
+        i_s = (t // (NV * HV)) % SEG
+        i_n = t // (NV * HV * SEG)
+        i_nh = i_n * HV + i_hv
+    i_h = i_hv // (HV // H)
+    bos, seq_len = _sequence_span(cu_seqlens, i_n, T, IS_VARLEN)
+    n_chunks = tl.cdiv(seq_len, BT)
+
+    o_v = i_v * BV + tl.arange(0, BV)
+    m_v = o_v < V
+    b_h1, b_h2, b_h3, b_h4 = _initial_pieces(h0, i_nh, o_v, K, V, BV, PIECE, USE_H0)
+    rows = tl.arange(0, BT)
+    c0 = n_chunks * 0
+    c1 = n_chunks
+    if SEG > 1:
+        per_seg = tl.cdiv(n_chunks, SEG)
+        c0 = tl.minimum(i_s * per_seg, n_chunks)
+        c1 = tl.minimum(c0 + per_seg, n_chunks)
+        gl = g_cs + (bos + BT - 1) * HV + i_hv  # every chunk before a segment's start is full
+        w0 = _warm_start(gl, c0, per_seg, BT * HV, THRESH, 64)
+        if (w0 < 0) & (c0 < c1):  # wait for the previous segment's state
+            p_flag = sync + 1 + t - NV * HV
+            ready = tl.atomic_add(p_flag, 0, sem="acquire")
+            while ready == 0:
+                ready = tl.atomic_add(p_flag, 0, sem="acquire")
+            b_h1, b_h2, b_h3, b_h4 = _handed_pieces(hand + (t // NV - HV).to(tl.int64) * K * V, o_v, K, V, BV,
+                                                    PIECE)
+        elif w0 > 0:  # warm up from an empty state
+            b_h1, b_h2, b_h3, b_h4 = b_h1 * 0.0, b_h2 * 0.0, b_h3 * 0.0, b_h4 * 0.0
+        for i_t in range(loop_bound(tl.maximum(w0, 0)), loop_bound(tl.where(w0 < 0, 0, c0))):
+            b_h1, b_h2, b_h3, b_h4 = _chunk_step(q, k, v, beta, g_cs, A, rstd_k, aqk, c_q, o, bos + i_t * BT,
+                                                 seq_len - i_t * BT, rows, o_v, m_v, i_h, i_hv, b_h1, b_h2, b_h3,
+                                                 b_h4, scale, H, HV, K, V, BV, BT, FUSE_Q, FUSE_K, IN_LOOP_AQK, PREC,
+                                                 PIECE, False)
+    for i_t in range(loop_bound(c0), loop_bound(c1)):
+        b_h1, b_h2, b_h3, b_h4 = _chunk_step(q, k, v, beta, g_cs, A, rstd_k, aqk, c_q, o, bos + i_t * BT,
+                                             seq_len - i_t * BT, rows, o_v, m_v, i_h, i_hv, b_h1, b_h2, b_h3, b_h4,
+                                             scale, H, HV, K, V, BV, BT, FUSE_Q, FUSE_K, IN_LOOP_AQK, PREC, PIECE,
+                                             True)
+    if SEG > 1:
+        if c1 < n_chunks:  # hand the state over where the next segment waits for it (the same test it makes)
+            if _warm_start(gl, c1, per_seg, BT * HV, THRESH, 64) < 0:
+                _store_pieces(hand + (t // NV).to(tl.int64) * K * V, b_h1, b_h2, b_h3, b_h4, o_v, K, V, PIECE)
+                tl.debug_barrier()
+                tl.atomic_xchg(sync + 1 + t, 1, sem="release")
     if STORE_HT:
-        _store_pieces(ht + i_nh.to(tl.int64) * K * V, b_h1, b_h2, b_h3, b_h4, o_v, K, V, PIECE)
+        if (c1 == n_chunks) & ((c0 < c1) | (i_s == 0)):  # the sequence's last segment
+            _store_pieces(ht + i_nh.to(tl.int64) * K * V, b_h1, b_h2, b_h3, b_h4, o_v, K, V, PIECE)

@@ -67,7 +67,7 @@ from .config import (
     state_piece,
     validate,
 )
-from .fused_fwd import fused_state_out_kernel
+from .fused_fwd import WARM_UP_LOG2, fused_state_out_kernel
 from .intra import gram_solve_kernel, kda_cumsum_kernel, kda_intra_kernel, wu_kernel
 from .launch import launch
 from .output import output_kernel
@@ -408,13 +408,19 @@ def state_output_in_loop(q, k, v, beta, g_cs, A, aqk=None, c_q=None, rstd_k=None
     ht = torch.empty(N, HV, K, V, device=k.device, dtype=torch.float32) if output_final_state else None
     cfg = config.fused_out
     BV = block(cfg.BV, V)
-    _launch(fused_state_out_kernel, (cdiv(V, BV), N * HV), cfg,
+    seg = cfg.segments
+    grid, sync, hand = (cdiv(V, BV), N * HV), None, None
+    if seg > 1:
+        grid = (N * seg * HV * cdiv(V, BV),)
+        sync = torch.zeros(1 + grid[0], device=k.device, dtype=torch.int32)
+        hand = torch.empty(N * seg * HV, K, V, device=k.device, dtype=torch.float32)
+    _launch(fused_state_out_kernel, grid, cfg,
             q, k, v, beta, g_cs, A, rstd_k, aqk, c_q, o, initial_state, ht,
-            None if varlen is None else varlen.cu_seqlens, float(scale), T,
+            None if varlen is None else varlen.cu_seqlens, sync, hand, float(scale), T,
             H=H, HV=HV, K=K, V=V, BV=BV, BT=CHUNK_SIZE, IS_VARLEN=varlen is not None,
             USE_H0=initial_state is not None, STORE_HT=output_final_state, FUSE_Q=c_q is not None,
             FUSE_K=rstd_k is not None, IN_LOOP_AQK=aqk is None, PREC=_precision(k.dtype), PIECE=state_piece(cfg, K),
-            hooks=on_launch)
+            SEG=seg, THRESH=WARM_UP_LOG2, hooks=on_launch)
     return o, ht
 
 
