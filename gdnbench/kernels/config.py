@@ -44,7 +44,8 @@ class KernelConfig:
     num_warps: int = 4
     num_stages: int = 2
     maxnreg: int | None = None
-    # fused_out only: segments each sequence's chunks are cut into, one program per segment (kernels/fused_fwd.py)
+    # fused_out only: segments each sequence's chunks are cut into, one program per segment (context parallelism,
+    # kernels/fused_fwd.py); exact to 2^-32 for unit-norm k rows, which every route gives the loop
     segments: int = 1
 
 

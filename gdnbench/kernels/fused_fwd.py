@@ -43,11 +43,10 @@ programs of 512 chunks each on 132 SMs at BV 64).  A segment needs the state ent
   decode their (sequence, segment, head, V slab) from it, so the one a program waits for started earlier:
   no deadlock whatever order the hardware starts programs in.
 
-H200, gdn-qwen6 shapes, explicit route, this kernel alone (a prototype that warmed up from the sequence start
-instead of waiting): strong gates, HV32 8K 249.3 us as one program per sequence, 131.9 in 4 segments at
-BV 64 (64-row pieces, 2 stages); HV64 8K 339.7 -> 254.6 (2 segments); HV32 32K 1005.1 -> 497.0 (4).
-Long-memory gates, the same configs: 313.4, 394.3 and 1307.1 us (0.80-1.25x slower than one program): the
-warm-ups of heads that never forget walked the whole prefix; the hand-over replaces those walks.
+H200, this kernel alone, explicit route, BV 64, 64-row pieces, 2 stages: HV32 8K 399.6 us as one segment,
+137.1 in four on strong gates, 414.2 on long-memory gates (its never-forgetting heads wait and run in series
+at BV 64, where one segment of the tuned BV 32 took 250); 32K 1597.8 -> 533.3 on strong gates.  The tuner
+ranks segment counts by the geometric mean over both gate regimes (autotune/bench.py).
 """
 
 import triton

@@ -400,7 +400,8 @@ def state_output_in_loop(q, k, v, beta, g_cs, A, aqk=None, c_q=None, rstd_k=None
     """One-pass stage (GDN, ``config.in_loop``): (o, final_state) as :func:`state_output` gives them, with
     w h and u computed in the loop from :func:`gram_solve`'s A (no :func:`recompute_wu`), and q k^T too
     where ``aqk`` is None (no :func:`chunk_aqk`; q as given: norm none / flag).  ``rstd_k``: fused_qk's
-    k rstd from gram_solve (k is raw); ``c_q``: fused_q's from chunk_aqk (kernels/fused_fwd.py)."""
+    k rstd from gram_solve (k is raw); ``c_q``: fused_q's from chunk_aqk (kernels/fused_fwd.py).
+    ``config.fused_out.segments`` > 1 cuts each sequence into that many programs (k's rows must be unit-norm)."""
     B, T, H, K = k.shape
     HV, V = v.shape[2], v.shape[3]
     N = varlen.num_seqs if varlen is not None else B
