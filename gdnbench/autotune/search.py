@@ -154,10 +154,10 @@ SEED_KERNELS = {"output": ("output", "output_fused"), "output_fused": ("output_f
                 "fused_out": ("fused_out", "state_out")}
 
 
-# measured starting points a coordinate descent from the seeds above does not reach: the in-loop loop cut in
-# segments pays at BV 64 with 64-row pieces, where one segment does not (H200, gdn-qwen6 strong gates, explicit
-# route, fused_out alone: HV32 8K 249.3 us serial, 131.9 at 4 segments and 2 stages; HV64 8K 339.7, 254.6 at 2
-# segments and 2 stages; HV32 32K 1005.1, 497.0 at 4 segments; at BV 32 two segments were slower than one)
+# measured starting points a coordinate descent from the seeds above does not reach: the loop in segments pays
+# at BV 64 with 64-row pieces and 2 stages, a point far from one segment's best (H200, strong gates, the loop
+# alone, results/nvidia-h200/segments_probe.md: HV32 8K 399.6 us there as one segment, 137.1 in four; at BV 32,
+# 128-row pieces, 3 stages 315.7 and 257.7 in two; HV32 32K 1597.8 -> 533.3 in four)
 START_POINTS = {"fused_out": ({"BK": 64, "BV": 64, "num_warps": 4, "num_stages": 2, "segments": 4},
                               {"BK": 64, "BV": 64, "num_warps": 4, "num_stages": 2, "segments": 2})}
 

@@ -253,7 +253,7 @@ def _check(config: GDNConfig, K: int, V: int, dtype_bytes: int, family: str) -> 
                 raise ValueError(f"config.{name}.BK={c.BK!r} must be None or one of {_BLOCKS}")
             if cdiv(K, state_piece(c, K)) > 4:
                 raise ValueError(f"config.{name}.BK={c.BK} splits K={K} into more than 4 pieces")
-        if name != "l2norm" and c.segments != (c.segments if name == "fused_out" else 1):
+        if name not in ("l2norm", "fused_out") and c.segments != 1:
             raise ValueError(f"config.{name}.segments={c.segments}: only fused_out cuts sequences in segments")
         if name == "fused_out" and c.segments not in SEGMENTS:
             raise ValueError(f"config.fused_out.segments={c.segments!r} must be one of {SEGMENTS}")
