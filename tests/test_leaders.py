@@ -58,6 +58,7 @@ def fake_qla(monkeypatch):
     monkeypatch.setitem(sys.modules, "flash_qla", pkg)
     monkeypatch.setitem(sys.modules, "flash_qla.ops.gated_delta_rule.chunk", chunk)
     monkeypatch.setattr(fq, "dist_version", lambda name: "0.1.3")
+    monkeypatch.setattr(fq, "fla_version", lambda: "0.6.0")
     monkeypatch.setattr(fq, "_capability", lambda: (9, 0))
     monkeypatch.setattr(fq.FlashQLABackend, "caller_l2norm", lambda self, x: l2norm(x))  # FLA's needs a GPU
     return calls
@@ -90,7 +91,7 @@ def test_flashqla_reasons(fake_qla, monkeypatch):
 
 
 def test_flashqla_without_fla_skips_the_caller_norm_routes(fake_qla, monkeypatch):
-    monkeypatch.setattr(fq, "dist_version", lambda name: None if name in fq.FLA_DISTS else "0.1.3")
+    monkeypatch.setattr(fq, "fla_version", lambda: None)
     b, s = get("flashqla"), next(iter(GDN_QWEN.values()))
     for route, mode in (("explicit", "fwd"), ("megatron", "fwd_bwd")):
         assert "FLA is not installed" in b.supports(s, route, mode, "cuda").reason

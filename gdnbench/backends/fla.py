@@ -29,6 +29,13 @@ from .base import DECODE_ROUTES, TRAIN_ROUTES, YES, Backend, no, one_line
 CHUNK = 64
 DISTS = ("fla-core", "flash-linear-attention")  # FLA's wheel, under either name
 INSTALL_HINT = "pip install fla-core==0.6.0"
+
+
+def fla_version() -> str | None:
+    """The installed FLA wheel's version (either name), or None."""
+    return next((v for v in map(dist_version, DISTS) if v), None)
+
+
 HOPPER_BWD_REFUSED = "FLA 0.6.0 refuses gated GDN backward on Hopper with Triton < 3.7.1 (fla issue #640)"
 
 
@@ -64,7 +71,7 @@ class FlaBackend(Backend):
         return YES
 
     def version(self):
-        return next((v for v in map(dist_version, DISTS) if v), None)
+        return fla_version()
 
     def variant(self, shape, route):
         try:

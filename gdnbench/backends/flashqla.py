@@ -18,9 +18,8 @@ from __future__ import annotations
 
 from ..data.results import dist_version
 from .base import TRAIN_ROUTES, YES, no, one_line
-from .fla import DISTS as FLA_DISTS
 from .fla import INSTALL_HINT as FLA_INSTALL_HINT
-from .fla import FlaBackend
+from .fla import FlaBackend, fla_version
 
 DIST = "flash-qla"
 HEAD_DIM = 128
@@ -100,7 +99,7 @@ class FlashQLABackend(FlaBackend):
             return no(f"FlashQLA runs on sm90, sm100, sm103 and sm120 only (this GPU: sm{cap[0]}{cap[1]})")
         if mode == "fwd_bwd" and cap[0] == 12:
             return no("FlashQLA has no backward on sm120")
-        if route in CALLER_NORM_ROUTES and not any(dist_version(d) for d in FLA_DISTS):
+        if route in CALLER_NORM_ROUTES and fla_version() is None:
             return no(f"route {route} normalizes q, k with FLA's l2norm, and FLA is not installed "
                       f"({FLA_INSTALL_HINT})")
         return YES
