@@ -369,7 +369,7 @@ def chunk_aqk(q, k, g_cs, *, fuse_q=False, fuse_k=False, varlen=None, config: GD
     aqk = torch.empty(B, T, HV, CHUNK_SIZE, device=q.device, dtype=dtype)
     c_q = torch.empty(B, T, HV, 2, device=q.device, dtype=torch.float32) if fuse_q else None
     cfg = config.aqk
-    _launch(aqk_kernel, (n_grid, B * HV), cfg, q, k, g_cs, aqk, c_q, *_varlen_args(varlen), T, NT,
+    _launch(aqk_kernel, (n_grid, B * H), cfg, q, k, g_cs, aqk, c_q, *_varlen_args(varlen), T, NT,
             H=H, HV=HV, K=K, BK=block(cfg.BK, K), BT=CHUNK_SIZE, IS_VARLEN=varlen is not None, FUSE_Q=fuse_q,
             PREC=_precision(q.dtype), hooks=on_launch)
     return aqk, c_q
