@@ -170,3 +170,44 @@ def test_the_callers_on_launch_sees_each_main_launch_of_a_forward():
     assert seen == ["l2norm_kernel", "l2norm_kernel", "gram_solve_kernel", "wu_kernel", "aqk_kernel",
                     "state_out_kernel"]
     assert torch.equal(ops.chunk_gdn(q, k, v, g, beta, norm="fused_qk", config=cfg)[0], o)
+
+
+def aqk_reference(q, k, g_cs, cu, fuse_q):
+    """Aqk per value head from its q head's rows: causal q k^T exp2(c_i - c_j) within each 64-token chunk of
+    each sequence (q's rows normalized under fuse_q), and c_q's pairs (c, c + log2 rstd(q))."""
+    T, H, HV = q.shape[1], q.shape[2], g_cs.shape[2]
+    qf, kf, c = q[0].double(), k[0].double(), g_cs[0].double()
+    rstd = qf.pow(2).sum(-1).add(1e-6).rsqrt()
+    if fuse_q:
+        qf = qf * rstd[..., None]
+    aqk = torch.zeros(T, HV, 64, dtype=torch.float64)
+    for bos, eos in zip(cu[:-1].tolist(), cu[1:].tolist()):
+        for t0 in range(bos, eos, 64):
+            n = min(64, eos - t0)
+            for hv in range(HV):
+                h = hv // (HV // H)
+                s = qf[t0:t0 + n, h] @ kf[t0:t0 + n, h].T
+                cc = c[t0:t0 + n, hv]
+                aqk[t0:t0 + n, hv, :n] = torch.tril(s * torch.exp2(cc[:, None] - cc[None, :]))
+    c_q = torch.stack([c, c + torch.log2(rstd).repeat_interleave(HV // H, dim=1)], dim=-1)
+    return aqk, c_q
+
+
+@pytest.mark.parametrize("fuse_q", [False, True])
+@pytest.mark.parametrize("H,HV", [(2, 8), (3, 3)])
+def test_aqk_one_program_per_q_head(H, HV, fuse_q):
+    """aqk_kernel forms q k^T once per q head and writes it, gated, for each value head that shares it
+    (GVA 4 and 1), on packed sequences with tails and an empty one; under fuse_q its rows and c_q carry q's rstd."""
+    gen = torch.Generator().manual_seed(3)
+    cu = torch.tensor([0, 70, 70, 100, 165])
+    q = torch.randn(1, 165, H, 32, generator=gen)
+    k = ops.l2norm(torch.randn(1, 165, H, 32, generator=gen))
+    g_cs = -torch.rand(1, 165, HV, generator=gen).cumsum(1) * 0.1
+    aqk, c_q = ops.chunk_aqk(q, k, g_cs, fuse_q=fuse_q, varlen=prepare_varlen(cu),
+                             config=forced(32, 16, torch.float32, aqk=KernelConfig(BK=16)))
+    want, want_cq = aqk_reference(q, k, g_cs, cu, fuse_q)
+    assert torch.allclose(aqk[0].double(), want, atol=1e-5, rtol=1e-5)
+    if fuse_q:
+        assert torch.allclose(c_q[0].double(), want_cq, atol=1e-5, rtol=1e-5)
+    else:
+        assert c_q is None
