@@ -32,7 +32,8 @@ ARCHS = {"sm_90": 90, "sm_100": 100, "sm_103": 103}
 # opt-in shared memory per block: 227 KB on H100/H200 (sm_90) and B200/GB200/B300/GB300 (sm_100/sm_103)
 SMEM_LIMIT = {90: 232448, 100: 232448, 103: 232448}
 REGISTERS_PER_BLOCK = 64 * 1024
-FLAGS = ("IS_VARLEN", "PER_CHANNEL", "FUSE_Q", "FUSE_K", "FIXUP", "DOT_BF16", "USE_H0", "STORE_HT", "IN_LOOP_AQK")
+FLAGS = ("IS_VARLEN", "PER_CHANNEL", "FUSE_Q", "FUSE_K", "FIXUP", "DOT_BF16", "USE_H0", "STORE_HT", "IN_LOOP_AQK",
+         "UNBOUNDED")
 
 
 @dataclass(frozen=True)
@@ -175,8 +176,10 @@ def _run_route(ops, torch, family, norm, varlen, one_pass, K, V, H=4, HV=8, in_l
     config = ops.default_config(K, V, 2, family)
     if family == "kda":
         g = -torch.rand(1, T, HV, K)
-        ops.chunk_kda(q, k, v, g, beta, initial_state=h0, output_final_state=True, cu_seqlens=cu, norm=norm,
-                      config=config)
+        # the bounded form (the contract shapes' gates), then the unbounded one at its own default
+        for lower_bound, cfg in ((-5.0, config), (None, ops._unbounded_default(config))):
+            ops.chunk_kda(q, k, v, g, beta, initial_state=h0, output_final_state=True, cu_seqlens=cu, norm=norm,
+                          lower_bound=lower_bound, config=cfg)
     else:
         g = -torch.rand(1, T, HV)
         config = dataclasses.replace(config, one_pass=one_pass, in_loop=in_loop,
