@@ -468,23 +468,6 @@ def _c_row(gcb, r: tl.constexpr, o_k, n_valid, K: tl.constexpr, stride: tl.const
 
 
 @triton.jit
-def _chunk_scan(gb, gcb, rows, o_k, m, stride: tl.constexpr, STORE: tl.constexpr):
-    """The chunk's per-channel cumsum of g times log2 e over the channels o_k, as kda_cumsum_kernel
-    computes it (the same scan, so the same values), zero on rows outside m; stored to gcb where STORE."""
-    offs = rows[:, None] * stride + o_k[None, :]
-    c = tl.cumsum(tl.load(gb + offs, mask=m, other=0.0).to(tl.float32), 0) * LOG2E
-    if STORE:
-        tl.store(gcb + offs, c, mask=m)
-    return tl.where(m, c, 0.0)
-
-
-@triton.jit
-def _row_of(c, rows, r: tl.constexpr):
-    """Row r of a [BT, BK] tile (exact: one term per column)."""
-    return tl.sum(tl.where(rows[:, None] == r, c, 0.0), 0)
-
-
-@triton.jit
 def _diagonal_exact(xr, kb, gcb, c, rows, valid, n_valid, o_k, n, H: tl.constexpr, HV: tl.constexpr,
                     K: tl.constexpr, BT: tl.constexpr, BC: tl.constexpr, NORMALIZE: tl.constexpr):
     """One K tile's diagonal 16-blocks, sum_c x_ic k_jc exp2(c_ic - c_jc) for j <= i in i's block, per
@@ -509,16 +492,16 @@ def _diagonal_exact(xr, kb, gcb, c, rows, valid, n_valid, o_k, n, H: tl.constexp
 
 
 @triton.jit
-def _kda_grams(qb, kb, gb, gcb, rows, valid, n_valid, n, H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr,
+def _kda_grams(qb, kb, gcb, rows, valid, n_valid, n, H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr,
                BK: tl.constexpr, BT: tl.constexpr, BC: tl.constexpr, WANT_K: tl.constexpr, WANT_Q: tl.constexpr,
                NORMALIZE: tl.constexpr, SSQ: tl.constexpr, DOT_BF16: tl.constexpr, PREC: tl.constexpr,
-               UNBOUNDED: tl.constexpr, STORE_C: tl.constexpr):
+               UNBOUNDED: tl.constexpr):
     """One chunk's gated grams sum_c x_ic k_jc exp2(c_ic - c_jc) for x = k (WANT_K) or x = q (WANT_Q)
     as [BT, BT] dots per K tile, c the per-channel cumsum (g_cs, written by kda_cumsum_kernel).
     Returns (d, o, ss): d holds the diagonal 16-blocks, o the blocks below them (other entries are
     junk), ss the raw k k^T (SSQ; not for fp32 storage, see _rows_ssq), whose diagonal is k's sums of
-    squares.  NORMALIZE: k rows times n on load.  Bounded form: c is the chunk's scan of g (gb) here,
-    stored to gcb where STORE_C; unbounded: c is read from gcb, written by kda_cumsum_kernel.  DOT_BF16 (bf16 storage): the gated operands are rounded to bf16, so the dot operands
+    squares.  NORMALIZE: k rows times n
+    on load.  DOT_BF16 (bf16 storage): the gated operands are rounded to bf16, so the dot operands
     are 16-bit (half the shared-memory staging of tf32 ones).
 
     exp2(c_i - c_j) is split at a reference p, a row of c, so that neither factor leaves fp32 (nor
@@ -540,14 +523,9 @@ def _kda_grams(qb, kb, gb, gcb, rows, valid, n_valid, n, H: tl.constexpr, HV: tl
     for i_k in range(tl.cdiv(K, BK)):
         o_k = i_k * BK + tl.arange(0, BK)
         m = valid[:, None] & (o_k < K)[None, :]
-        if UNBOUNDED:
-            c = tl.load(gcb + rows[:, None] * (HV * K) + o_k[None, :], mask=m, other=0.0)
-            p0, p1 = _c_row(gcb, 0, o_k, n_valid, K, HV * K), _c_row(gcb, BC, o_k, n_valid, K, HV * K)
-            p2, p3 = _c_row(gcb, 2 * BC, o_k, n_valid, K, HV * K), _c_row(gcb, 3 * BC, o_k, n_valid, K, HV * K)
-        else:
-            c = _chunk_scan(gb, gcb, rows, o_k, m, HV * K, STORE_C)
-            p0, p1 = _row_of(c, rows, 0), _row_of(c, rows, BC)
-            p2, p3 = _row_of(c, rows, 2 * BC), _row_of(c, rows, 3 * BC)
+        c = tl.load(gcb + rows[:, None] * (HV * K) + o_k[None, :], mask=m, other=0.0)
+        p0, p1 = _c_row(gcb, 0, o_k, n_valid, K, HV * K), _c_row(gcb, BC, o_k, n_valid, K, HV * K)
+        p2, p3 = _c_row(gcb, 2 * BC, o_k, n_valid, K, HV * K), _c_row(gcb, 3 * BC, o_k, n_valid, K, HV * K)
         pd = tl.where(blk == 0, p0[None, :], tl.where(blk == 1, p1[None, :], tl.where(blk == 2, p2[None, :],
                                                                                          p3[None, :])))
         # rows past the chunk's end: c = 0 when loaded, so exp2(c - pd) could overflow; they are zero
@@ -612,22 +590,22 @@ def _k_rstd_full(kb, rstd_k, tok0, i_h, i_hv, rows, valid, ss, H: tl.constexpr, 
 
 
 @triton.jit
-def _kda_gram_normed(qb, kb, gb, gcb, rstd_k, tok0, i_h, i_hv, rows, valid, n_valid, H: tl.constexpr,
+def _kda_gram_normed(qb, kb, gcb, rstd_k, tok0, i_h, i_hv, rows, valid, n_valid, H: tl.constexpr,
                      HV: tl.constexpr, K: tl.constexpr, BK: tl.constexpr, BT: tl.constexpr, BC: tl.constexpr,
                      X_IS_K: tl.constexpr, FUSE_K: tl.constexpr, DOT_BF16: tl.constexpr, PREC: tl.constexpr,
                      UNBOUNDED: tl.constexpr):
     """_kda_grams' (d, o) for x = k (X_IS_K) or q; FUSE_K: in k's normalized basis (rows too when
-    x = k), k's rstd from the raw gram's diagonal, stored by the x = k program, as is the gate scan."""
+    x = k), k's rstd from the raw gram's diagonal, stored by the x = k program."""
     one = tl.full([BT], 1.0, dtype=tl.float32)
-    d, od, ss = _kda_grams(qb, kb, gb, gcb, rows, valid, n_valid, one, H, HV, K, BK, BT, BC, X_IS_K, not X_IS_K,
-                           False, FUSE_K, DOT_BF16, PREC, UNBOUNDED, X_IS_K)
+    d, od, ss = _kda_grams(qb, kb, gcb, rows, valid, n_valid, one, H, HV, K, BK, BT, BC, X_IS_K, not X_IS_K,
+                           False, FUSE_K, DOT_BF16, PREC, UNBOUNDED)
     if FUSE_K:
         n, huge = _k_rstd_full(kb, rstd_k, tok0, i_h, i_hv, rows, valid, ss, H, HV, K, BK, X_IS_K, PREC)
         if huge:
             # rare: a k row of norm >= 2^19 may have overflowed its e^75 factor; redo the gram on
             # rows normalized on load
-            d, od, ss = _kda_grams(qb, kb, gb, gcb, rows, valid, n_valid, n, H, HV, K, BK, BT, BC, X_IS_K,
-                                   not X_IS_K, True, False, DOT_BF16, PREC, UNBOUNDED, False)
+            d, od, ss = _kda_grams(qb, kb, gcb, rows, valid, n_valid, n, H, HV, K, BK, BT, BC, X_IS_K, not X_IS_K,
+                                   True, False, DOT_BF16, PREC, UNBOUNDED)
         else:
             d = d * n[None, :]
             od = od * n[None, :]
@@ -639,18 +617,16 @@ def _kda_gram_normed(qb, kb, gb, gcb, rstd_k, tok0, i_h, i_hv, rows, valid, n_va
 
 @triton.jit(do_not_specialize=["T", "NT"])
 def kda_intra_kernel(
-    q, k, beta, g, g_cs, A, Aqk, rstd_k, cu_seqlens, chunk_indices, T, NT,
+    q, k, beta, g_cs, A, Aqk, rstd_k, cu_seqlens, chunk_indices, T, NT,
     H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, BK: tl.constexpr,
     BT: tl.constexpr, BC: tl.constexpr,
     IS_VARLEN: tl.constexpr, FUSE_K: tl.constexpr, DOT_BF16: tl.constexpr, PREC: tl.constexpr,
     UNBOUNDED: tl.constexpr,
 ):
-    """Grid (chunks, B*HV, 2).  KDA's intra-chunk step; program 0 of the last axis: A = (I + L)^-1 with
-    L = strict-lower(beta * gated K K^T), g_cs (the chunk's gate scan, for the later stages) and, with
-    FUSE_K, rstd_k (k's norm is folded into the grams here, where k is first read); program 1:
-    Aqk = lower(gated Q K^T) on q as given (raw under the fused routes, where the output kernel scales
-    each row once at the end).  Both programs scan g themselves; UNBOUNDED reads g_cs, written before
-    by kda_cumsum_kernel (its per-entry diagonal gathers rows of it).
+    """Grid (chunks, B*HV, 2), after kda_cumsum_kernel.  KDA's intra-chunk step; program 0 of the last
+    axis: A = (I + L)^-1 with L = strict-lower(beta * gated K K^T) and, with FUSE_K, rstd_k (k's norm
+    is folded into the grams here, where k is first read); program 1: Aqk = lower(gated Q K^T) on q
+    as given (raw under the fused routes, where the output kernel scales each row once at the end).
 
     H200, kda-legacy6 h96_fixed, this stage alone: twenty
     16x16-block dots per K tile 2218 us; [64, 64] dots, both grams in one program 1882 us (4 warps);
@@ -667,12 +643,11 @@ def kda_intra_kernel(
     valid = rows < n_valid
     qb = q + tok0 * (H * K) + i_h * K
     kb = k + tok0 * (H * K) + i_h * K
-    gb = g + tok0 * (HV * K) + i_hv * K
     gcb = g_cs + tok0 * (HV * K) + i_hv * K
     causal = rows[:, None] >= rows[None, :]
     same = (rows // BC)[:, None] == (rows // BC)[None, :]
     if which == 0:
-        d, od = _kda_gram_normed(qb, kb, gb, gcb, rstd_k, tok0, i_h, i_hv, rows, valid, n_valid, H, HV, K, BK, BT, BC,
+        d, od = _kda_gram_normed(qb, kb, gcb, rstd_k, tok0, i_h, i_hv, rows, valid, n_valid, H, HV, K, BK, BT, BC,
                                  True, FUSE_K, DOT_BF16, PREC, UNBOUNDED)
         b = tl.load(beta + (tok0 + rows) * HV + i_hv, mask=valid, other=0.0).to(tl.float32)
         # where() after the product: entries outside the causal part may be inf or NaN, never selected
@@ -686,7 +661,7 @@ def kda_intra_kernel(
                      o < n_valid, o + BC < n_valid, o + 2 * BC < n_valid, o + 3 * BC < n_valid,
                      x00, x10, x11, x20, x21, x22, x30, x31, x32, x33, HV * BT, o, BC)
     else:
-        d, od = _kda_gram_normed(qb, kb, gb, gcb, rstd_k, tok0, i_h, i_hv, rows, valid, n_valid, H, HV, K, BK, BT, BC,
+        d, od = _kda_gram_normed(qb, kb, gcb, rstd_k, tok0, i_h, i_hv, rows, valid, n_valid, H, HV, K, BK, BT, BC,
                                  False, FUSE_K, DOT_BF16, PREC, UNBOUNDED)
         # the causal part (diagonal included), zeros above
         aqk = tl.where(causal, tl.where(same, d, od), 0.0)

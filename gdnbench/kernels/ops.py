@@ -228,8 +228,7 @@ def kda_intra(q, k, g, beta, *, varlen=None, fuse_k=False, raw_q=False, unbounde
               config: GDNConfig = DEFAULT_CONFIG, on_launch=None):
     """KDA stage 1: (g_cs [B,T,HV,K] fp32 = per-channel cumsum(g)*log2 e per chunk, A [B,T,HV,64]
     in k's dtype, Aqk [B,T,HV,64] (gated causal q k^T, unscaled), rstd_k [B,T,H] fp32 or None).
-    One kernel, kda_intra (the gate scan, both grams, the solve; g_cs written by it), and under
-    ``unbounded`` kda_cumsum before it (g_cs, which the per-entry diagonal gathers rows of); with bf16
+    Two kernels: kda_cumsum (g_cs), then kda_intra (both grams from g_cs, the solve); with bf16
     storage the grams' gated operands are rounded to bf16 for the dots (tf32 otherwise).
 
     ``raw_q``: q is not normalized (fused routes); with fp16 storage Aqk is then kept in fp32,
@@ -245,14 +244,13 @@ def kda_intra(q, k, g, beta, *, varlen=None, fuse_k=False, raw_q=False, unbounde
     aqk_dtype = torch.float32 if raw_q and q.dtype == torch.float16 else q.dtype
     Aqk = torch.empty(B, T, HV, CHUNK_SIZE, device=k.device, dtype=aqk_dtype)
     rstd_k = torch.empty(B, T, H, device=k.device, dtype=torch.float32) if fuse_k else None
-    if unbounded:
-        cs = config.kda_cumsum
-        _launch(kda_cumsum_kernel, (n_grid, B * HV, cdiv(K, block(cs.BK, K))), cs,
-                g, g_cs, *_varlen_args(varlen), T, NT, HV=HV, K=K, BK=block(cs.BK, K), BT=CHUNK_SIZE,
-                IS_VARLEN=varlen is not None, hooks=on_launch)
+    cs = config.kda_cumsum
+    _launch(kda_cumsum_kernel, (n_grid, B * HV, cdiv(K, block(cs.BK, K))), cs,
+            g, g_cs, *_varlen_args(varlen), T, NT, HV=HV, K=K, BK=block(cs.BK, K), BT=CHUNK_SIZE,
+            IS_VARLEN=varlen is not None, hooks=on_launch)
     cfg = config.kda_intra
     _launch(kda_intra_kernel, (n_grid, B * HV, 2), cfg,
-            q, k, beta, g, g_cs, A, Aqk, rstd_k, *_varlen_args(varlen), T, NT,
+            q, k, beta, g_cs, A, Aqk, rstd_k, *_varlen_args(varlen), T, NT,
             H=H, HV=HV, K=K, BK=block(cfg.BK, K), BT=CHUNK_SIZE, BC=SUB_CHUNK,
             IS_VARLEN=varlen is not None, FUSE_K=fuse_k, DOT_BF16=k.dtype == torch.bfloat16,
             PREC=_precision(k.dtype), UNBOUNDED=unbounded, hooks=on_launch)
