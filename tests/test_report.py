@@ -25,11 +25,11 @@ def row(shape, backend, route, wall=None, gpu=None, status="ok", reason=""):
     return r
 
 
-def doc(rows, hash_="sha256:abc") -> RunDocument:
+def doc(rows, hash_="sha256:abc", run=None) -> RunDocument:
     return RunDocument.from_dict({
         "schema_version": results.SCHEMA_VERSION, "created_utc": "x", "env": {"device": "cuda"},
         "shape_set": {"name": "t", "version": 1, "hash": hash_, "shapes": {"a": "", "b": "", "c": ""}},
-        "timing": {}, "run": {}, "rows": rows})
+        "timing": {}, "run": run or {}, "rows": rows})
 
 
 ROWS = [
@@ -93,6 +93,14 @@ def test_tables_and_markdown():
     assert time_t.rows[0][0] == "a" and "200 / 100*" in time_t.rows[0]
     md = rep.to_markdown(tables)
     assert "| shape |" in md and "gdnbench:fused_qk/gdnbench:explicit" in md and "over 2/3 shapes" in md
+
+
+def test_an_interrupted_run_says_so_and_names_the_shapes_it_never_measured():
+    rows = [r for r in ROWS if r["shape_id"] == "a"] + [row("b", "fla", "fused_q", status="skipped", reason="no route")]
+    notes = rep.time_table(doc(rows, run={"interrupted": "interrupted by SIGTERM"})).notes
+    assert "run interrupted by SIGTERM after 5 rows; nothing measured on b, c (continue it with gdnbench run --resume)" \
+        in notes
+    assert not any("interrupted" in n for n in rep.time_table(doc(ROWS)).notes)
 
 
 def test_compare_matches_rows_and_refuses_other_sets():

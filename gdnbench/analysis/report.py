@@ -187,6 +187,17 @@ def _columns(doc: RunDocument) -> list[tuple[str, str]]:
     return [k for k in keys_present(doc) if k in ran]
 
 
+def _interrupted_note(doc: RunDocument) -> list[str]:
+    """A stopped run's note: why it stopped and the shapes it measured nothing on."""
+    why = (doc.run or {}).get("interrupted")
+    if not why:
+        return []
+    done = {r.shape_id for r in doc.rows if r.status != "skipped"}
+    missing = [s for s in doc.shape_set.ids if s not in done]
+    return [f"run {why} after {len(doc.rows)} rows" + (f"; nothing measured on {', '.join(missing)}" if missing else "")
+            + " (continue it with gdnbench run --resume)"]
+
+
 def time_table(doc: RunDocument, mode: str = "fwd") -> Table:
     idx = index_rows(doc, mode)
     cols = _columns(doc)
@@ -196,6 +207,7 @@ def time_table(doc: RunDocument, mode: str = "fwd") -> Table:
         notes.append("CPU run: timings are not meaningful (interpreter / fp64 reference)")
     skipped = sorted({f"{r.spec}: {r.reason}" for r in doc.rows if r.status == "skipped"})
     notes += [f"skipped {s}" for s in skipped]
+    notes += _interrupted_note(doc)
     title = f"{doc.shape_set.name} v{doc.shape_set.version}: time per backend:route"
     title += MODE_TITLES.get(mode, "")
     return Table(title, ["shape"] + [f"{b}:{r}" for b, r in cols], rows, notes)
