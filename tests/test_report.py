@@ -154,6 +154,13 @@ def test_plot_writes_png(tmp_path):
     assert out.read_bytes()[:4] == b"\x89PNG"
 
 
+def test_the_chart_names_what_failed():
+    from gdnbench.analysis.plot import missing_bars
+
+    assert missing_bars(doc(ROWS)) == ["fla:explicit: error on 1/3", "gdnbench:fused_qk: incorrect on 1/3"]
+    assert missing_bars(doc([r for r in ROWS if r["status"] == "ok"])) == []
+
+
 def test_time_spent_counts_each_oracle_once():
     rows = [dict(row("a", "fla", "explicit", 2, 1), seconds={"oracle": 2.0, "check": 1.0, "timing": 3.0}),
             dict(row("a", "fla", "flag", 2, 1), seconds={"oracle": 2.0, "check": 0.5, "timing": 3.0}),

@@ -58,7 +58,23 @@ def plot(doc: RunDocument, out: str | Path, kind: str = "gpu", baseline: str | N
         ax_r.grid(axis="y", alpha=0.3)
     ax_r.set_xticks(range(len(shapes)))
     ax_r.set_xticklabels(shapes, rotation=20, ha="right", fontsize=9)
+    missing = missing_bars(doc, mode)
+    if missing:
+        ax_r.text(1.01, 1.0, "no bar:\n" + "\n".join(missing), transform=ax_r.transAxes, fontsize=7, va="top")
     return save_figure(fig, out)
+
+
+def missing_bars(doc: RunDocument, mode: str = "fwd") -> list[str]:
+    """Each backend:route whose rows failed (not skipped) somewhere: which status on how many shapes,
+    so a chart never drops a failing backend without a word."""
+    failed: dict[str, dict[str, int]] = {}
+    for r in doc.rows:
+        if r.mode == mode and r.status not in ("ok", "skipped"):
+            counts = failed.setdefault(r.spec, {})
+            counts[r.status] = counts.get(r.status, 0) + 1
+    n = len(shape_ids(doc))
+    return [f"{spec}: " + ", ".join(f"{status} on {k}/{n}" for status, k in sorted(counts.items()))
+            for spec, counts in sorted(failed.items())]
 
 
 def bar_colors(cols: list[tuple[str, str]]) -> list[tuple]:
