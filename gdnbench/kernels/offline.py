@@ -176,10 +176,11 @@ def _run_route(ops, torch, family, norm, varlen, one_pass, K, V, H=4, HV=8, in_l
     config = ops.default_config(K, V, 2, family)
     if family == "kda":
         g = -torch.rand(1, T, HV, K)
-        # the bounded form (the contract shapes' gates), then the unbounded one at its own default
-        for lower_bound, cfg in ((-5.0, config), (None, ops._unbounded_default(config))):
+        # the bounded form (the contract shapes' gates), then the unbounded one; chunk_kda's own default config
+        # for each (the unbounded form's takes more warps)
+        for lower_bound in (-5.0, None):
             ops.chunk_kda(q, k, v, g, beta, initial_state=h0, output_final_state=True, cu_seqlens=cu, norm=norm,
-                          lower_bound=lower_bound, config=cfg)
+                          lower_bound=lower_bound)
     else:
         g = -torch.rand(1, T, HV)
         config = dataclasses.replace(config, one_pass=one_pass, in_loop=in_loop,
