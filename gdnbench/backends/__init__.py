@@ -18,6 +18,12 @@ def _fla(options: BackendOptions):
     return FlaBackend()
 
 
+def _fla_safe_gate(options: BackendOptions):
+    from .fla import FlaSafeGateBackend
+
+    return FlaSafeGateBackend()
+
+
 def _fla_dispatch(options: BackendOptions):
     from .fla_dispatch import FlaDispatchBackend
 
@@ -78,6 +84,7 @@ REGISTRY = {
     "gdnbench-fusedwu": _gdnbench_fusedwu,
     "gdnbench-fusedwu-aqk": _gdnbench_fusedwu_aqk,
     "fla": _fla,
+    "fla-safe-gate": _fla_safe_gate,
     "fla-dispatch": _fla_dispatch,
     "flashqla": _flashqla,
     "helion": _helion,
@@ -85,7 +92,7 @@ REGISTRY = {
     "flashinfer": _flashinfer,
     "reference": _reference,
 }
-DEFAULT_BACKENDS = {"cuda": ("gdnbench", "fla", "fla-dispatch", "flashqla", "helion", "helion-linear", "flashinfer"), "cpu": ("reference", "gdnbench")}
+DEFAULT_BACKENDS = {"cuda": ("gdnbench", "fla", "fla-safe-gate", "fla-dispatch", "flashqla", "helion", "helion-linear", "flashinfer"), "cpu": ("reference", "gdnbench")}
 
 
 class UnknownBackend(ValueError):

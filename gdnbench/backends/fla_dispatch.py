@@ -78,8 +78,6 @@ class FlaDispatchBackend(FlaBackend):
         if _imported_pinned():
             return no("FLA was imported with dispatch disabled in this process (fla-dispatch runs in a worker "
                       "of its own: run isolated)")
-        if shape.family == "kda" and shape.lower_bound is None:
-            return no("chunk_kda's safe gate needs a lower_bound")
         if mode == "fwd_bwd" and shape.family == "gdn" and leader_support(shape) and not self._flashqla_imports():
             import torch
             import triton
