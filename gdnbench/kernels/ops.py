@@ -73,6 +73,7 @@ from .launch import launch
 from .output import output_kernel
 from .state import state_kernel
 from .state_out import aqk_kernel, state_out_kernel
+from .state_out_kda import kda_state_out_kernel
 
 __all__ = [
     "GDNConfig",
@@ -94,6 +95,7 @@ __all__ = [
     "recompute_wu",
     "state_output",
     "state_output_in_loop",
+    "kda_state_output",
     "state_recurrence",
     "validate",
 ]
@@ -330,6 +332,26 @@ def chunk_output(q, k, v_new, h, g_cs, *, scale, rstd_k=None, ssq_k=None, fuse_q
                 PER_CHANNEL=g_cs.dim() == 4, FIXUP=fixup, PREC=_precision(q.dtype),
                 hooks=None if fixup else on_launch)
     return o
+
+
+def kda_state_output(q, kg, w, u, g_cs, aqk, *, scale, fuse_q=False, initial_state=None, output_final_state=False,
+                     varlen=None, config: GDNConfig = DEFAULT_CONFIG, on_launch=None):
+    """KDA's stages 3-4 in one pass (opt-in, kernels/state_out_kda.py): (o [B,T,HV,V] in u's dtype, final_state
+    [N,HV,K,V] fp32 or None) as :func:`state_recurrence` + :func:`chunk_output` give them, from stage 2's kg, w,
+    u and kda_intra's Aqk, with no h per chunk and no v_new in memory; at ``config.state``'s launch config."""
+    B, T, H, K = q.shape
+    HV, V = u.shape[2], u.shape[3]
+    N = varlen.num_seqs if varlen is not None else B
+    o = torch.empty_like(u)
+    ht = torch.empty(N, HV, K, V, device=u.device, dtype=torch.float32) if output_final_state else None
+    cfg = config.state
+    BV = block(cfg.BV, V)
+    _launch(kda_state_out_kernel, (cdiv(V, BV), N * HV), cfg,
+            q, kg, w, u, g_cs, aqk, o, initial_state, ht, None if varlen is None else varlen.cu_seqlens,
+            float(scale), T, H=H, HV=HV, K=K, V=V, BV=BV, BT=CHUNK_SIZE, IS_VARLEN=varlen is not None,
+            USE_H0=initial_state is not None, STORE_HT=output_final_state, FUSE_Q=fuse_q, PREC=_precision(u.dtype),
+            PIECE=state_piece(cfg, K), hooks=on_launch)
+    return o, ht
 
 
 # one pass from this many (value head, sequence) streams over the longest sequence, HV * tokens / longest.
