@@ -67,3 +67,22 @@ def test_one_pass_varlen_initial_state_shared_q(piece, bv):
                               state=KernelConfig(BK=piece, BV=bv, num_warps=4, num_stages=2))
     (o1, f1), (o2, f2) = _both("fused_q", q, k, v, g, beta, h0, ops.prepare_varlen(cu), cfg)
     assert _rel(o1, o2) < TOL[torch.float32] and _rel(f1, f2) < TOL[torch.float32]
+
+
+def test_chunk_kda_takes_the_one_pass_under_config_one_pass(monkeypatch):
+    """config.one_pass=True: chunk_kda launches kda_state_out_kernel instead of the state and output kernels,
+    with the same o and final state."""
+    q, k, v, g, beta = _inputs(100, 2, 2, 32, 32, torch.float32, seed=6)
+    base = default_config(32, 32, 4, "kda")
+    launched = []
+    real = ops._launch
+    monkeypatch.setattr(ops, "_launch", lambda kernel, *a, **kw: (launched.append(kernel.fn.__name__),
+                                                                  real(kernel, *a, **kw))[1])
+    o1, f1 = ops.chunk_kda(q, k, v, g, beta, norm="fused_qk", lower_bound=-5.0, output_final_state=True,
+                           config=dataclasses.replace(base, one_pass=True))
+    one = list(launched)
+    launched.clear()
+    o2, f2 = ops.chunk_kda(q, k, v, g, beta, norm="fused_qk", lower_bound=-5.0, output_final_state=True, config=base)
+    assert "kda_state_out_kernel" in one and "state_kernel" not in one and "output_kernel" not in one
+    assert "kda_state_out_kernel" not in launched and "state_kernel" in launched
+    assert _rel(o1, o2) < TOL[torch.float32] and _rel(f1, f2) < TOL[torch.float32]

@@ -40,7 +40,8 @@ KDA (``chunk_kda``): stage 1 is ``kda_intra`` (per-channel cumsum, the gated K K
 Q K^T grams, the same solve), stage 2 also writes kg = k * exp(g_last - g) for the
 state update, and the output kernel reads the precomputed gated Q K^T (Aqk) instead
 of k.  Under the fused routes Aqk is built from raw q, and the output kernel scales
-each output row by q's rstd once, at the end.
+each output row by q's rstd once, at the end.  With ``config.one_pass`` stages 3-4 run
+as one kernel (``kda_state_output``): no h per chunk, no v_new in memory.
 """
 
 from __future__ import annotations
@@ -338,13 +339,13 @@ def kda_state_output(q, kg, w, u, g_cs, aqk, *, scale, fuse_q=False, initial_sta
                      varlen=None, config: GDNConfig = DEFAULT_CONFIG, on_launch=None):
     """KDA's stages 3-4 in one pass (opt-in, kernels/state_out_kda.py): (o [B,T,HV,V] in u's dtype, final_state
     [N,HV,K,V] fp32 or None) as :func:`state_recurrence` + :func:`chunk_output` give them, from stage 2's kg, w,
-    u and kda_intra's Aqk, with no h per chunk and no v_new in memory; at ``config.state``'s launch config."""
+    u and kda_intra's Aqk, with no h per chunk and no v_new in memory (``chunk_kda`` under ``config.one_pass``)."""
     B, T, H, K = q.shape
     HV, V = u.shape[2], u.shape[3]
     N = varlen.num_seqs if varlen is not None else B
     o = torch.empty_like(u)
     ht = torch.empty(N, HV, K, V, device=u.device, dtype=torch.float32) if output_final_state else None
-    cfg = config.state
+    cfg = config.kda_state_out
     BV = block(cfg.BV, V)
     _launch(kda_state_out_kernel, (cdiv(V, BV), N * HV), cfg,
             q, kg, w, u, g_cs, aqk, o, initial_state, ht, None if varlen is None else varlen.cu_seqlens,
@@ -579,6 +580,9 @@ def _forward(q, k, v, g, beta, scale, initial_state, output_final_state, cu_seql
     if per_channel:
         g_cs, A, aqk, rstd_k = kda_intra(q, k, g, beta, fuse_k=fuse_k, raw_q=fuse_q, unbounded=unbounded, **run)
         w, u, kg = recompute_wu(k, v, beta, A, g_cs, rstd_k=rstd_k, **run)
+        if config.one_pass:
+            return kda_state_output(q, kg, w, u, g_cs, aqk, scale=scale, fuse_q=fuse_q, initial_state=initial_state,
+                                    output_final_state=output_final_state, **run)
         h, v_new, final_state = state_recurrence(kg, w, u, g_cs, initial_state=initial_state,
                                                  output_final_state=output_final_state, **run)
         o = chunk_output(q, None, v_new, h, g_cs, scale=scale, fuse_q=fuse_q, aqk=aqk, **run)
