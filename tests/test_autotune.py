@@ -381,15 +381,19 @@ def test_tuned_config_uses_matching_entry(tmp_path):
     assert len(doc["entries"]) == 1 and tuned.tuned_config(shape, "flag", ENV, tmp_path)[0].state.BV == 16
 
 
-def test_in_loop_choice_times_the_loop_against_the_pair_it_replaces(tmp_path):
-    shape = _shape()
-    assert tuned.in_loop_choice(shape, "flag", ENV, tmp_path) == (None, "no tuned fused_out")
-
+def _saver(tmp_path, shape):
+    """save(kernel, time_us, variant="plain"): a cache entry of ``kernel`` on ``shape`` whose best took time_us."""
     def save(kernel, t, variant="plain"):
         e = _entry(shape, kernel=kernel, variant=variant)
         e["best"]["time_us"] = t
         tuned.save_entry(tmp_path, e)
+    return save
 
+
+def test_in_loop_choice_times_the_loop_against_the_pair_it_replaces(tmp_path):
+    shape = _shape()
+    assert tuned.in_loop_choice(shape, "flag", ENV, tmp_path) == (None, "no tuned fused_out")
+    save = _saver(tmp_path, shape)
     save("fused_out", 300.0)
     save("state_out", 250.0)
     assert tuned.in_loop_choice(shape, "flag", ENV, tmp_path) == (None, "no tuned wu")
@@ -431,12 +435,7 @@ def test_kda_one_pass_choice_times_it_against_state_and_output(tmp_path, monkeyp
 
     shape = _kda_shape()
     assert tuned.kda_one_pass_choice(shape, "flag", ENV, tmp_path) == (False, "no tuned kda_state_out")
-
-    def save(kernel, t, variant="plain"):
-        e = _entry(shape, kernel=kernel, variant=variant)
-        e["best"]["time_us"] = t
-        tuned.save_entry(tmp_path, e)
-
+    save = _saver(tmp_path, shape)
     save("kda_state_out", 600.0)
     save("state", 400.0)
     assert tuned.kda_one_pass_choice(shape, "flag", ENV, tmp_path) == (False, "no tuned output")

@@ -335,6 +335,11 @@ def chunk_output(q, k, v_new, h, g_cs, *, scale, rstd_k=None, ssq_k=None, fuse_q
     return o
 
 
+def _final_state(N: int, HV: int, K: int, V: int, device, wanted: bool):
+    """[N, HV, K, V] fp32 for the final states, or None where they are not wanted."""
+    return torch.empty(N, HV, K, V, device=device, dtype=torch.float32) if wanted else None
+
+
 def kda_state_output(q, kg, w, u, g_cs, aqk, *, scale, fuse_q=False, initial_state=None, output_final_state=False,
                      varlen=None, config: GDNConfig = DEFAULT_CONFIG, on_launch=None):
     """KDA's stages 3-4 in one pass (opt-in, kernels/state_out_kda.py): (o [B,T,HV,V] in u's dtype, final_state
@@ -342,9 +347,8 @@ def kda_state_output(q, kg, w, u, g_cs, aqk, *, scale, fuse_q=False, initial_sta
     u and kda_intra's Aqk, with no h per chunk and no v_new in memory (``chunk_kda`` under ``config.one_pass``)."""
     B, T, H, K = q.shape
     HV, V = u.shape[2], u.shape[3]
-    N = varlen.num_seqs if varlen is not None else B
-    o = torch.empty_like(u)
-    ht = torch.empty(N, HV, K, V, device=u.device, dtype=torch.float32) if output_final_state else None
+    o, ht = torch.empty_like(u), _final_state(varlen.num_seqs if varlen is not None else B, HV, K, V, u.device,
+                                               output_final_state)
     cfg = config.kda_state_out
     BV = block(cfg.BV, V)
     _launch(kda_state_out_kernel, (cdiv(V, BV), N * HV), cfg,

@@ -55,12 +55,10 @@ def kda_state_out_kernel(
     bos, seq_len = _sequence_span(cu_seqlens, i_n, T, IS_VARLEN)
     o_v = i_v * BV + tl.arange(0, BV)
     m_v = o_v < V
-    o_k1 = tl.arange(0, PIECE)
-    o_k2 = o_k1 + PIECE
-    o_k3 = o_k2 + PIECE
-    o_k4 = o_k3 + PIECE
     b_h1, b_h2, b_h3, b_h4 = _initial_pieces(h0, i_nh, o_v, K, V, BV, PIECE, USE_H0)
     rows = tl.arange(0, BT)
+    o_k1, o_k2 = tl.arange(0, PIECE), tl.arange(0, PIECE) + PIECE
+    o_k3, o_k4 = o_k2 + PIECE, o_k2 + 2 * PIECE
     for i_t in range(loop_bound(tl.cdiv(seq_len, BT))):
         tok = bos + i_t * BT
         n_valid = seq_len - i_t * BT

@@ -222,6 +222,21 @@ def tuned_config(shape, route: str, env: dict | None, cache_dir: Path | None = N
     return new, "tuned: " + ", ".join(f"{k}[{point_label(p)}]" for k, p in changed.items())
 
 
+def _best_times(shape, route: str, env: dict, cache_dir, kernels) -> tuple[dict, str | None]:
+    """({kernel: its current entry's best time_us} for ``kernels`` on this shape key and route, the first
+    kernel without one or None)."""
+    times = {}
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", StaleEntry)  # tuned_config reports stale entries once
+        for kernel in kernels:
+            e = find_entry(cache_dir, env, kernel, shape, variant_of(kernel, route, shape.family)) or {}
+            t = (e.get("best") or {}).get("time_us")
+            if t is None:
+                return times, kernel
+            times[kernel] = t
+    return times, None
+
+
 def in_loop_choice(shape, route: str, env: dict | None, cache_dir: Path | None = None) -> tuple[str | None, str]:
     """(form, why): ``"wu"`` where the autotuner timed the in-loop form's loop (fused_out: no w/u kernel) below
     the state_out + wu pair it replaces, for this shape key and route; else None. GDN only; needs all three
@@ -230,15 +245,9 @@ def in_loop_choice(shape, route: str, env: dict | None, cache_dir: Path | None =
     188.3 + 78.0 us, HV64 336.4 against 245.6 + 146.4, HV48 210.9 against 199.4 + 114.4; docs/design.md)."""
     if shape.family != "gdn" or env is None or os.environ.get(DISABLE_ENV, "1") == "0":
         return None, ""
-    times = {}
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", StaleEntry)  # tuned_config reports stale entries once
-        for kernel in ("fused_out", "state_out", "wu"):
-            e = find_entry(cache_dir, env, kernel, shape, variant_of(kernel, route, shape.family)) or {}
-            t = (e.get("best") or {}).get("time_us")
-            if t is None:
-                return None, f"no tuned {kernel}"
-            times[kernel] = t
+    times, missing = _best_times(shape, route, env, cache_dir, ("fused_out", "state_out", "wu"))
+    if missing:
+        return None, f"no tuned {missing}"
     pair = times["state_out"] + times["wu"]
     why = f"fused_out {times['fused_out']:.1f} us vs state_out + wu {pair:.1f} us"
     return ("wu" if times["fused_out"] < pair else None), why
@@ -250,14 +259,8 @@ def kda_one_pass_choice(shape, route: str, env: dict | None, cache_dir: Path | N
     if shape.family != "kda" or env is None or os.environ.get(DISABLE_ENV, "1") == "0":
         return False, ""
     out = "output_fused" if route.startswith("fused") else "output"
-    times = {}
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", StaleEntry)  # tuned_config reports stale entries once
-        for kernel in ("kda_state_out", "state", out):
-            e = find_entry(cache_dir, env, kernel, shape, variant_of(kernel, route, shape.family)) or {}
-            t = (e.get("best") or {}).get("time_us")
-            if t is None:
-                return False, f"no tuned {kernel}"
-            times[kernel] = t
+    times, missing = _best_times(shape, route, env, cache_dir, ("kda_state_out", "state", out))
+    if missing:
+        return False, f"no tuned {missing}"
     pair = times["state"] + times[out]
     return times["kda_state_out"] < pair, f"kda_state_out {times['kda_state_out']:.1f} us vs state + {out} {pair:.1f} us"
