@@ -280,6 +280,11 @@ def recompute_wu(k, v, beta, A, g_cs, *, rstd_k=None, varlen=None, config: GDNCo
     return w, u, kg
 
 
+def _final_state(N: int, HV: int, K: int, V: int, device, wanted: bool):
+    """[N, HV, K, V] fp32 for the final states, or None where they are not wanted."""
+    return torch.empty(N, HV, K, V, device=device, dtype=torch.float32) if wanted else None
+
+
 def state_recurrence(k, w, u, g_cs, *, initial_state=None, output_final_state=False,
                      varlen=None, config: GDNConfig = DEFAULT_CONFIG, on_launch=None):
     """Stage 3: (h [num_chunks, HV, K, V] in k's dtype, v_new like u, final_state [N,HV,K,V] fp32 or None).
@@ -292,7 +297,7 @@ def state_recurrence(k, w, u, g_cs, *, initial_state=None, output_final_state=Fa
     n_chunks = varlen.num_chunks if varlen is not None else B * cdiv(T, CHUNK_SIZE)
     h = torch.empty(n_chunks, HV, K, V, device=k.device, dtype=k.dtype)
     v_new = torch.empty_like(u)
-    ht = torch.empty(N, HV, K, V, device=k.device, dtype=torch.float32) if output_final_state else None
+    ht = _final_state(N, HV, K, V, k.device, output_final_state)
     cfg = config.state
     BV = block(cfg.BV, V)
     _launch(state_kernel, (cdiv(V, BV), N * HV), cfg,
@@ -335,11 +340,6 @@ def chunk_output(q, k, v_new, h, g_cs, *, scale, rstd_k=None, ssq_k=None, fuse_q
     return o
 
 
-def _final_state(N: int, HV: int, K: int, V: int, device, wanted: bool):
-    """[N, HV, K, V] fp32 for the final states, or None where they are not wanted."""
-    return torch.empty(N, HV, K, V, device=device, dtype=torch.float32) if wanted else None
-
-
 def kda_state_output(q, kg, w, u, g_cs, aqk, *, scale, fuse_q=False, initial_state=None, output_final_state=False,
                      varlen=None, config: GDNConfig = DEFAULT_CONFIG, on_launch=None):
     """KDA's stages 3-4 in one pass (opt-in, kernels/state_out_kda.py): (o [B,T,HV,V] in u's dtype, final_state
@@ -347,8 +347,8 @@ def kda_state_output(q, kg, w, u, g_cs, aqk, *, scale, fuse_q=False, initial_sta
     u and kda_intra's Aqk, with no h per chunk and no v_new in memory (``chunk_kda`` under ``config.one_pass``)."""
     B, T, H, K = q.shape
     HV, V = u.shape[2], u.shape[3]
-    o, ht = torch.empty_like(u), _final_state(varlen.num_seqs if varlen is not None else B, HV, K, V, u.device,
-                                               output_final_state)
+    N = varlen.num_seqs if varlen is not None else B
+    o, ht = torch.empty_like(u), _final_state(N, HV, K, V, u.device, output_final_state)
     cfg = config.kda_state_out
     BV = block(cfg.BV, V)
     _launch(kda_state_out_kernel, (cdiv(V, BV), N * HV), cfg,
@@ -411,7 +411,7 @@ def state_output(q, k, w, u, g_cs, aqk, c_q=None, *, scale, initial_state=None, 
     HV, V = u.shape[2], u.shape[3]
     N = varlen.num_seqs if varlen is not None else B
     o = torch.empty_like(u)
-    ht = torch.empty(N, HV, K, V, device=k.device, dtype=torch.float32) if output_final_state else None
+    ht = _final_state(N, HV, K, V, k.device, output_final_state)
     cfg = config.state_out
     BV = block(cfg.BV, V)
     _launch(state_out_kernel, (cdiv(V, BV), N * HV), cfg,
@@ -433,7 +433,7 @@ def state_output_in_loop(q, k, v, beta, g_cs, A, aqk=None, c_q=None, rstd_k=None
     HV, V = v.shape[2], v.shape[3]
     N = varlen.num_seqs if varlen is not None else B
     o = torch.empty_like(v)
-    ht = torch.empty(N, HV, K, V, device=k.device, dtype=torch.float32) if output_final_state else None
+    ht = _final_state(N, HV, K, V, k.device, output_final_state)
     cfg = config.fused_out
     BV = block(cfg.BV, V)
     seg = cfg.segments
