@@ -98,7 +98,8 @@ def test_kda_tasks_per_route():
     tasks = at_plan.plan_tasks(list(at_space.ROUTES), list(at_space.KERNELS), "kda")
     assert [(t.kernel, t.variant, t.route) for t in tasks] == [
         ("l2norm", "plain", "flag"), ("kda_intra", "plain", "flag"), ("wu", "plain", "flag"),
-        ("state", "plain", "flag"), ("output", "plain", "flag"), ("output_fused", "fused_q", "fused_q"),
+        ("state", "plain", "flag"), ("output", "plain", "flag"), ("kda_state_out", "plain", "flag"),
+        ("output_fused", "fused_q", "fused_q"), ("kda_state_out", "fused_q", "fused_q"),
         ("kda_intra", "fuse_k", "fused_qk"), ("wu", "fuse_k", "fused_qk")]
     assert {t.family for t in tasks} == {"kda"}
     # the state kernel runs plain on every route: KDA's reads kg (k's rstd already in it), GDN's
@@ -354,7 +355,7 @@ def test_source_hash_follows_each_kernels_own_code(tmp_path, monkeypatch):
                                                      "SSQ_LO = tl.constexpr(2.0**-71)"))
         changed = {k for k, h in hashes(kdir).items() if h != after[k]}
         # via row_rstd / l2_rstd
-        assert changed == {"l2norm", "gram", "kda_intra", "output", "output_fused", "aqk"}
+        assert changed == {"l2norm", "gram", "kda_intra", "output", "output_fused", "aqk", "kda_state_out"}
     finally:  # the caches must not keep the copy's hashes for later tests
         cache_key.clear_caches()
 
@@ -380,15 +381,19 @@ def test_tuned_config_uses_matching_entry(tmp_path):
     assert len(doc["entries"]) == 1 and tuned.tuned_config(shape, "flag", ENV, tmp_path)[0].state.BV == 16
 
 
-def test_in_loop_choice_times_the_loop_against_the_pair_it_replaces(tmp_path):
-    shape = _shape()
-    assert tuned.in_loop_choice(shape, "flag", ENV, tmp_path) == (None, "no tuned fused_out")
-
+def _saver(tmp_path, shape):
+    """save(kernel, time_us, variant="plain"): a cache entry of ``kernel`` on ``shape`` whose best took time_us."""
     def save(kernel, t, variant="plain"):
         e = _entry(shape, kernel=kernel, variant=variant)
         e["best"]["time_us"] = t
         tuned.save_entry(tmp_path, e)
+    return save
 
+
+def test_in_loop_choice_times_the_loop_against_the_pair_it_replaces(tmp_path):
+    shape = _shape()
+    assert tuned.in_loop_choice(shape, "flag", ENV, tmp_path) == (None, "no tuned fused_out")
+    save = _saver(tmp_path, shape)
     save("fused_out", 300.0)
     save("state_out", 250.0)
     assert tuned.in_loop_choice(shape, "flag", ENV, tmp_path) == (None, "no tuned wu")
@@ -420,6 +425,35 @@ def test_gdnbench_runs_the_in_loop_form_where_it_was_timed_faster(monkeypatch):
     assert gb._in_loop(shape, "flag", None, one, "x") == (one, "x")  # no machine, no tuned times
     monkeypatch.setattr(tuned, "in_loop_choice", lambda *a: (None, "no tuned wu"))
     assert gb._in_loop(shape, "flag", ENV, one, "x") == (one, "x")
+
+
+def test_kda_one_pass_choice_times_it_against_state_and_output(tmp_path, monkeypatch):
+    import dataclasses
+
+    from gdnbench.backends import gdnbench as gb
+    from gdnbench.kernels.config import default_config
+
+    shape = _kda_shape()
+    assert tuned.kda_one_pass_choice(shape, "flag", ENV, tmp_path) == (False, "no tuned kda_state_out")
+    save = _saver(tmp_path, shape)
+    save("kda_state_out", 600.0)
+    save("state", 400.0)
+    assert tuned.kda_one_pass_choice(shape, "flag", ENV, tmp_path) == (False, "no tuned output")
+    save("output", 350.0)
+    assert tuned.kda_one_pass_choice(shape, "flag", ENV, tmp_path) == (
+        True, "kda_state_out 600.0 us vs state + output 750.0 us")
+    assert tuned.kda_one_pass_choice(shape, "fused_q", ENV, tmp_path) == (False, "no tuned kda_state_out")
+    save("kda_state_out", 800.0)
+    assert tuned.kda_one_pass_choice(shape, "flag", ENV, tmp_path)[0] is False
+    assert tuned.kda_one_pass_choice(_shape(), "flag", ENV, tmp_path) == (False, "")  # GDN has its own one pass
+    assert tuned.kda_one_pass_choice(shape, "flag", None, tmp_path) == (False, "")
+    # the backend takes the one pass where it was timed faster, and says why
+    base = default_config(128, 128, 2, "kda")
+    monkeypatch.setattr(tuned, "kda_one_pass_choice", lambda *a: (True, "kda_state_out 1.0 us vs state + output 2.0 us"))
+    assert gb._kda_one_pass(shape, "flag", ENV, base, "tuned: x") == (
+        dataclasses.replace(base, one_pass=True), "tuned: x; one pass (kda_state_out 1.0 us vs state + output 2.0 us)")
+    assert gb._kda_one_pass(shape, "flag", None, base, "x") == (base, "x")
+    assert gb._kda_one_pass(_shape(), "flag", ENV, base, "x") == (base, "x")
 
 
 def test_tuned_config_applies_kda_entries(tmp_path):
@@ -551,8 +585,8 @@ def test_dry_run_lists_kda_searches_for_kda_legacy6():
                    "output_fused variant=fused_q route=fused_q"):
         assert f"{search} {key}" in r.output
     assert "gram" not in r.output and "state variant=fuse_k" not in r.output
-    # 4 shape keys (the mixed and uniform sets of a head count share one) x 9 specializations
-    assert "32 searches, nothing run" in r.output and "output_fused variant=fused_qk" not in r.output
+    # 4 shape keys (the mixed and uniform sets of a head count share one) x 10 specializations
+    assert "40 searches, nothing run" in r.output and "output_fused variant=fused_qk" not in r.output
     # --family selects shapes by family: no gdn shape in kda-legacy6, no kda shape with --family gdn
     r = CliRunner().invoke(_app(), ["autotune", "--dry-run", "--shapes", "kda-legacy6", "--family", "gdn"])
     assert r.exit_code == 2 and "no gdn shapes selected in kda-legacy6" in r.output

@@ -159,6 +159,10 @@ class _Bench:
             return lambda: ops.state_output_in_loop(st["q"], st["k"], x.v, x.beta, st["g_cs"], st["A"], st["a1"],
                                                     st["cq"], st["rk"], scale=x.scale, initial_state=st["h0"],
                                                     output_final_state=True, **run)
+        if kernel == "kda_state_out":
+            return lambda: ops.kda_state_output(st["q"], st["state_k"], st["w"], st["u"], st["g_cs"], st["aqk"],
+                                                scale=x.scale, fuse_q=st["fuse_q"], initial_state=st["h0"],
+                                                output_final_state=True, **run)
         if kernel == "state_out":
             return lambda: ops.state_output(st["q"], st["k"], st["w"], st["u"], st["g_cs"], st["a1"], st["cq"],
                                             scale=x.scale, initial_state=st["h0"], output_final_state=True, **run)

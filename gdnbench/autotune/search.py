@@ -149,9 +149,10 @@ MAX_SEEDS = 6
 # without the fused norm (KDA's output_fused kept its GDN-derived default, BK 32 / 3 stages / cap 168,
 # 264 B of stack offline, while the plain output kernel won at BK 128 / 2 stages / no cap)
 # and the in-loop form's loop with state_out, whose config fields it shares (H200, B1 T8192 H16 HV64: 350 us
-# at state_out's tuned BV 64 / 4 warps / 3 stages, 549 at its own default, BV 32)
+# at state_out's tuned BV 64 / 4 warps / 3 stages, 549 at its own default, BV 32); KDA's one pass with the
+# state kernel it extends
 SEED_KERNELS = {"output": ("output", "output_fused"), "output_fused": ("output_fused", "output"),
-                "fused_out": ("fused_out", "state_out")}
+                "fused_out": ("fused_out", "state_out"), "kda_state_out": ("kda_state_out", "state")}
 
 
 # measured starting points a coordinate descent from the seeds above does not reach: the loop in segments pays

@@ -48,7 +48,8 @@ def dimensions(kernel: str, K: int, V: int) -> list[tuple[str, tuple]]:
     if kernel == "l2norm":
         return [("BR", BR_VALUES)] + tail
     blocks = {"gram": ("BK",), "kda_intra": ("BK",), "wu": ("BK", "BV"), "state": ("BK", "BV"), "output": ("BK", "BV"),
-              "output_fused": ("BK", "BV"), "aqk": ("BK",), "state_out": ("BK", "BV"), "fused_out": ("BK", "BV")}[kernel]
+              "output_fused": ("BK", "BV"), "aqk": ("BK",), "state_out": ("BK", "BV"), "fused_out": ("BK", "BV"),
+              "kda_state_out": ("BK", "BV")}[kernel]
     segs = [("segments", SEGMENTS)] if kernel == "fused_out" else []
     return [(b, _blocks_for(K if b == "BK" else V)) for b in blocks] + segs + tail
 
@@ -83,13 +84,15 @@ class Space:
         return 1 + sum(len(v) - 1 for _, v in self.dims)
 
 
-# GDN's path pinned while a kernel of one path is tuned, so its gate runs that kernel (ops.one_pass)
-_PATH_OF = {"aqk": True, "state_out": True, "fused_out": True, "state": False, "output": False, "output_fused": False}
+# the path pinned while a kernel of one path is tuned, so its gate runs that kernel (GDN: ops.one_pass; KDA:
+# kda_state_out is the one pass)
+_PATH_OF = {"aqk": True, "state_out": True, "fused_out": True, "kda_state_out": True, "state": False, "output": False,
+            "output_fused": False}
 
 
 def full_config(kernel: str, point: Point, base):
-    """``base`` (a GDNConfig) with ``kernel``'s config replaced by the point's, and GDN's path pinned to the
-    one that runs ``kernel`` (KDA ignores it; ops.validate rejects the one-pass path where it is not built)."""
+    """``base`` (a GDNConfig) with ``kernel``'s config replaced by the point's, and the path pinned to the
+    one that runs ``kernel`` (ops.validate rejects GDN's one-pass path where it is not built)."""
     return dataclasses.replace(base, **{kernel: tuned.kernel_config(kernel, point)},
                                one_pass=_PATH_OF.get(kernel) if base.one_pass is None else base.one_pass,
                                in_loop=tuned.IN_LOOP_OF.get(kernel, base.in_loop))
@@ -103,7 +106,7 @@ def _start_point(kernel: str, base, dims, K: int, V: int) -> Point:
     out = {}
     for name, _ in dims:
         v = getattr(c, name)
-        if kernel in ("state", "state_out", "fused_out") and name == "BK":
+        if kernel in ("state", "state_out", "fused_out", "kda_state_out") and name == "BK":
             v = block(state_piece(c, K), K)
         elif name in ("BK", "BV"):
             v = block(v, K if name == "BK" else V)

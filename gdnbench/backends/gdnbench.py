@@ -64,6 +64,7 @@ class GdnbenchBackend(Backend):
                 env = device_env()
                 cfg, label = tuned_config(shape, route, env)
             cfg, label = _pin_path(shape, route, cfg if label != "default" else None, label)
+            cfg, label = _kda_one_pass(shape, route, env, cfg, label)
             self._resolved[key] = _in_loop(shape, route, env, cfg, label)
         return self._resolved[key]
 
@@ -120,6 +121,21 @@ def _in_loop(shape, route: str, env, cfg, label: str):
     if form is None:
         return cfg, label
     return dataclasses.replace(cfg, in_loop=form), f"{label}, in loop: {form} ({why})"
+
+
+def _kda_one_pass(shape, route: str, env, cfg, label: str):
+    """(config, label) with KDA's state and output in one pass (kernels/state_out_kda.py) where the autotuner
+    timed it faster than the two kernels it replaces on this machine (kernels/tuned.py, ``kda_one_pass_choice``)."""
+    if shape.family != "kda" or env is None or cfg is None:
+        return cfg, label
+    import dataclasses
+
+    from ..kernels.tuned import kda_one_pass_choice
+
+    one, why = kda_one_pass_choice(shape, route, env)
+    if not one:
+        return cfg, label
+    return dataclasses.replace(cfg, one_pass=True), f"{label}; one pass ({why})"
 
 
 def _pin_path(shape, route: str, cfg, label: str):

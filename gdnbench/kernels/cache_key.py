@@ -48,6 +48,7 @@ KERNEL_FUNCTIONS = {
     "aqk": ("state_out.py", ("aqk_kernel",)),
     "state_out": ("state_out.py", ("state_out_kernel",)),
     "fused_out": ("fused_fwd.py", ("fused_state_out_kernel",)),
+    "kda_state_out": ("state_out_kda.py", ("kda_state_out_kernel",)),
 }
 
 

@@ -87,7 +87,8 @@ class GDNConfig:
     # recurrence that also writes o, per (V block, sequence*head), K in pieces of BK rows as in `state`
     aqk: KernelConfig = field(default_factory=lambda: KernelConfig(BK=64, num_warps=4, num_stages=2))
     state_out: KernelConfig = field(default_factory=lambda: KernelConfig(BV=32, num_warps=4, num_stages=3))
-    # GDN: True / False force the one-pass path on / off; None lets ops.one_pass decide per call
+    # GDN: True / False force the one-pass path on / off; None lets ops.one_pass decide per call.  KDA: True runs
+    # state and output in one pass (kda_state_out), None / False the state and output kernels
     one_pass: bool | None = None
     # GDN, opt-in (kernels/fused_fwd.py): what the one-pass loop computes itself instead of reading it from an
     # earlier kernel.  None: w, u (wu_kernel) and Aqk (aqk_kernel) are read; "wu": w h and u from A in the
@@ -103,6 +104,10 @@ class GDNConfig:
     # the tf32 version was bound by shared-memory staging
     # (ncu: L1 72 %, 12 % occupancy from 234 registers), not by the dots
     kda_intra: KernelConfig = field(default_factory=lambda: KernelConfig(BK=32, num_warps=2, num_stages=1))
+    # KDA only, where one_pass: the state recurrence that also writes o (kernels/state_out_kda.py), per (V block,
+    # sequence*head), K in pieces of BK rows as in `state`.  Offline sm_90 (Triton 3.6, bf16 K = V = 128): 163
+    # registers and no stack under flag, 234 under fused_q; BV 64 spills under fused_q, 3 stages exceed shared memory
+    kda_state_out: KernelConfig = field(default_factory=lambda: KernelConfig(BK=64, BV=32, num_warps=4, num_stages=2))
 
 
 DEFAULT_CONFIG = GDNConfig()
@@ -172,6 +177,13 @@ def _smem_estimate(name: str, c, K: int, V: int, elt: int, family: str = "gdn") 
         bv, piece = block(c.BV, V), state_piece(c, K)
         per_stage = cdiv(K, piece) * 3 * BT * piece * elt + BT * BT * elt + BT * bv * elt
         return BT * BT * 4 + 2 * BT * bv * elt + (st - 1) * per_stage
+    if name == "kda_state_out":
+        # the w, q, kg and fp32 gate tiles of every piece and the Aqk and u tiles per stage after the first, and
+        # 16-bit staging; offline sm_90 (Triton 3.6, bf16 K = V = 128, BV 32-128, 2 and 3 stages): 139-254 KB,
+        # each equal to this or up to 4 KB below
+        bv, piece = block(c.BV, V), state_piece(c, K)
+        per_stage = cdiv(K, piece) * BT * piece * (3 * elt + 4) + BT * BT * elt + BT * bv * elt
+        return BT * BT * 4 + 2 * BT * bv * elt + 3 * BT * min(piece, 64) * 2 + (st - 1) * per_stage
     if name == "state":
         # the pipeliner double-buffers the w and k tiles of every state piece (measured for fp32
         # with 64-row pieces; 16-bit builds stay far below this)
@@ -194,7 +206,8 @@ def _codegen_hazard(name: str, c, K: int, V: int, elt: int) -> str | None:
     them 44 sanitizer runs (heads 16..256, both families, fp32/bf16/fp16) were clean."""
     if name == "wu" and elt == 4 and c.num_warps > 4 and min(block(c.BK, K), block(c.BV, V)) <= 16:
         return "fp32 w/u at a 16-wide block needs num_warps <= 4"
-    if name in ("output", "output_fused", "state_out", "fused_out") and block(c.BV, V) <= 16 and c.num_warps > 2:
+    if name in ("output", "output_fused", "state_out", "fused_out", "kda_state_out") and block(c.BV, V) <= 16 \
+            and c.num_warps > 2:
         # state_out ends each chunk with the same [64, 64] x [64, BV] dot (not measured there: the rule's reach)
         return "the output kernels at a 16-wide V block need num_warps <= 2"
     return None
@@ -229,10 +242,10 @@ def _check(config: GDNConfig, K: int, V: int, dtype_bytes: int, family: str) -> 
             raise ValueError(f"{name}={dim} must be in [16, {MAX_HEAD_DIM}]")
     needs = {"l2norm": (), "gram": ("BK",), "wu": ("BK", "BV"), "state": ("BV",), "output": ("BK", "BV"),
              "output_fused": ("BK", "BV"), "kda_cumsum": ("BK",), "kda_intra": ("BK",), "aqk": ("BK",),
-             "state_out": ("BV",), "fused_out": ("BV",)}
+             "state_out": ("BV",), "fused_out": ("BV",), "kda_state_out": ("BV",)}
     if family != "gdn" or K > ONE_PASS_MAX_K:
-        if config.one_pass:
-            raise ValueError(f"config.one_pass=True needs GDN with K <= {ONE_PASS_MAX_K}, got {family} K={K}")
+        if config.one_pass and family == "gdn":
+            raise ValueError(f"config.one_pass=True needs K <= {ONE_PASS_MAX_K} for GDN, got K={K}")
         if config.in_loop:
             raise ValueError(f"config.in_loop={config.in_loop!r} needs GDN with K <= {ONE_PASS_MAX_K}, "
                              f"got {family} K={K}")
@@ -248,7 +261,7 @@ def _check(config: GDNConfig, K: int, V: int, dtype_bytes: int, family: str) -> 
             val = getattr(c, b)
             if val not in _BLOCKS:
                 raise ValueError(f"config.{name}.{b}={val!r} must be one of {_BLOCKS}")
-        if name in ("state", "state_out", "fused_out") and c.BK is not None:
+        if name in ("state", "state_out", "fused_out", "kda_state_out") and c.BK is not None:
             if c.BK not in _BLOCKS:
                 raise ValueError(f"config.{name}.BK={c.BK!r} must be None or one of {_BLOCKS}")
             if cdiv(K, state_piece(c, K)) > 4:
@@ -290,7 +303,7 @@ def default_config(K: int, V: int, dtype_bytes: int = 2, family: str = "gdn") ->
     is 1.6x faster than 2 stages, but at K = 256 with fp32 storage it does not fit."""
     cfg = DEFAULT_CONFIG
     for name in ("gram", "wu", "state", "output", "output_fused", "kda_cumsum", "kda_intra", "aqk", "state_out",
-                 "fused_out"):
+                 "fused_out", "kda_state_out"):
         c = getattr(cfg, name)
         while c.num_stages > 1 and _smem_estimate(name, c, K, V, dtype_bytes, family) > SMEM_LIMIT_BYTES:
             c = dataclasses.replace(c, num_stages=c.num_stages - 1)

@@ -105,7 +105,7 @@ def routes():
     for family in ("gdn", "kda"):
         for norm in ("none", "flag", "fused_q", "fused_qk"):
             for varlen in (False, True):
-                paths = [(None, None)]
+                paths = [(None, None), (True, None)]  # KDA: state + output, or both in one pass
                 if family == "gdn":
                     paths = [(False, None), (True, None), (True, "wu")]
                     paths += [(True, "wu_aqk")] if norm in ("none", "flag") else []
@@ -178,6 +178,10 @@ def _run_route(ops, torch, family, norm, varlen, one_pass, K, V, H=4, HV=8, in_l
         g = -torch.rand(1, T, HV, K)
         # the bounded form (the contract shapes' gates), then the unbounded one; chunk_kda's own default config
         # for each (the unbounded form's takes more warps)
+        if one_pass:  # the one-pass kernel is the same for both gate forms: the bounded one, one pass on
+            ops.chunk_kda(q, k, v, g, beta, initial_state=h0, output_final_state=True, cu_seqlens=cu, norm=norm,
+                          lower_bound=-5.0, config=dataclasses.replace(config, one_pass=True))
+            return
         for lower_bound in (-5.0, None):
             ops.chunk_kda(q, k, v, g, beta, initial_state=h0, output_final_state=True, cu_seqlens=cu, norm=norm,
                           lower_bound=lower_bound)

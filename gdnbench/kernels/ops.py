@@ -40,7 +40,8 @@ KDA (``chunk_kda``): stage 1 is ``kda_intra`` (per-channel cumsum, the gated K K
 Q K^T grams, the same solve), stage 2 also writes kg = k * exp(g_last - g) for the
 state update, and the output kernel reads the precomputed gated Q K^T (Aqk) instead
 of k.  Under the fused routes Aqk is built from raw q, and the output kernel scales
-each output row by q's rstd once, at the end.
+each output row by q's rstd once, at the end.  With ``config.one_pass`` stages 3-4 run
+as one kernel (``kda_state_output``): no h per chunk, no v_new in memory.
 """
 
 from __future__ import annotations
@@ -73,6 +74,7 @@ from .launch import launch
 from .output import output_kernel
 from .state import state_kernel
 from .state_out import aqk_kernel, state_out_kernel
+from .state_out_kda import kda_state_out_kernel
 
 __all__ = [
     "GDNConfig",
@@ -94,6 +96,7 @@ __all__ = [
     "recompute_wu",
     "state_output",
     "state_output_in_loop",
+    "kda_state_output",
     "state_recurrence",
     "validate",
 ]
@@ -277,6 +280,11 @@ def recompute_wu(k, v, beta, A, g_cs, *, rstd_k=None, varlen=None, config: GDNCo
     return w, u, kg
 
 
+def _final_state(N: int, HV: int, K: int, V: int, device, wanted: bool):
+    """[N, HV, K, V] fp32 for the final states, or None where they are not wanted."""
+    return torch.empty(N, HV, K, V, device=device, dtype=torch.float32) if wanted else None
+
+
 def state_recurrence(k, w, u, g_cs, *, initial_state=None, output_final_state=False,
                      varlen=None, config: GDNConfig = DEFAULT_CONFIG, on_launch=None):
     """Stage 3: (h [num_chunks, HV, K, V] in k's dtype, v_new like u, final_state [N,HV,K,V] fp32 or None).
@@ -289,7 +297,7 @@ def state_recurrence(k, w, u, g_cs, *, initial_state=None, output_final_state=Fa
     n_chunks = varlen.num_chunks if varlen is not None else B * cdiv(T, CHUNK_SIZE)
     h = torch.empty(n_chunks, HV, K, V, device=k.device, dtype=k.dtype)
     v_new = torch.empty_like(u)
-    ht = torch.empty(N, HV, K, V, device=k.device, dtype=torch.float32) if output_final_state else None
+    ht = _final_state(N, HV, K, V, k.device, output_final_state)
     cfg = config.state
     BV = block(cfg.BV, V)
     _launch(state_kernel, (cdiv(V, BV), N * HV), cfg,
@@ -330,6 +338,25 @@ def chunk_output(q, k, v_new, h, g_cs, *, scale, rstd_k=None, ssq_k=None, fuse_q
                 PER_CHANNEL=g_cs.dim() == 4, FIXUP=fixup, PREC=_precision(q.dtype),
                 hooks=None if fixup else on_launch)
     return o
+
+
+def kda_state_output(q, kg, w, u, g_cs, aqk, *, scale, fuse_q=False, initial_state=None, output_final_state=False,
+                     varlen=None, config: GDNConfig = DEFAULT_CONFIG, on_launch=None):
+    """KDA's stages 3-4 in one pass (opt-in, kernels/state_out_kda.py): (o [B,T,HV,V] in u's dtype, final_state
+    [N,HV,K,V] fp32 or None) as :func:`state_recurrence` + :func:`chunk_output` give them, from stage 2's kg, w,
+    u and kda_intra's Aqk, with no h per chunk and no v_new in memory (``chunk_kda`` under ``config.one_pass``)."""
+    B, T, H, K = q.shape
+    HV, V = u.shape[2], u.shape[3]
+    N = varlen.num_seqs if varlen is not None else B
+    o, ht = torch.empty_like(u), _final_state(N, HV, K, V, u.device, output_final_state)
+    cfg = config.kda_state_out
+    BV = block(cfg.BV, V)
+    _launch(kda_state_out_kernel, (cdiv(V, BV), N * HV), cfg,
+            q, kg, w, u, g_cs, aqk, o, initial_state, ht, None if varlen is None else varlen.cu_seqlens,
+            float(scale), T, H=H, HV=HV, K=K, V=V, BV=BV, BT=CHUNK_SIZE, IS_VARLEN=varlen is not None,
+            USE_H0=initial_state is not None, STORE_HT=output_final_state, FUSE_Q=fuse_q, PREC=_precision(u.dtype),
+            PIECE=state_piece(cfg, K), hooks=on_launch)
+    return o, ht
 
 
 # one pass from this many (value head, sequence) streams over the longest sequence, HV * tokens / longest.
@@ -384,7 +411,7 @@ def state_output(q, k, w, u, g_cs, aqk, c_q=None, *, scale, initial_state=None, 
     HV, V = u.shape[2], u.shape[3]
     N = varlen.num_seqs if varlen is not None else B
     o = torch.empty_like(u)
-    ht = torch.empty(N, HV, K, V, device=k.device, dtype=torch.float32) if output_final_state else None
+    ht = _final_state(N, HV, K, V, k.device, output_final_state)
     cfg = config.state_out
     BV = block(cfg.BV, V)
     _launch(state_out_kernel, (cdiv(V, BV), N * HV), cfg,
@@ -406,7 +433,7 @@ def state_output_in_loop(q, k, v, beta, g_cs, A, aqk=None, c_q=None, rstd_k=None
     HV, V = v.shape[2], v.shape[3]
     N = varlen.num_seqs if varlen is not None else B
     o = torch.empty_like(v)
-    ht = torch.empty(N, HV, K, V, device=k.device, dtype=torch.float32) if output_final_state else None
+    ht = _final_state(N, HV, K, V, k.device, output_final_state)
     cfg = config.fused_out
     BV = block(cfg.BV, V)
     seg = cfg.segments
@@ -557,6 +584,9 @@ def _forward(q, k, v, g, beta, scale, initial_state, output_final_state, cu_seql
     if per_channel:
         g_cs, A, aqk, rstd_k = kda_intra(q, k, g, beta, fuse_k=fuse_k, raw_q=fuse_q, unbounded=unbounded, **run)
         w, u, kg = recompute_wu(k, v, beta, A, g_cs, rstd_k=rstd_k, **run)
+        if config.one_pass:
+            return kda_state_output(q, kg, w, u, g_cs, aqk, scale=scale, fuse_q=fuse_q, initial_state=initial_state,
+                                    output_final_state=output_final_state, **run)
         h, v_new, final_state = state_recurrence(kg, w, u, g_cs, initial_state=initial_state,
                                                  output_final_state=output_final_state, **run)
         o = chunk_output(q, None, v_new, h, g_cs, scale=scale, fuse_q=fuse_q, aqk=aqk, **run)

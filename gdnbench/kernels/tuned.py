@@ -10,7 +10,7 @@ machine and the code. An entry whose source hash or Triton version no longer mat
 with a warning (a new ``gdnbench autotune`` replaces it). ``variant``: which specialization of the
 kernel ran (``plain``; ``fuse_k`` for the k-norm folded into gram/kda_intra/wu under fused_qk (the
 state kernel runs plain: GDN's v_new carries k's rstd, KDA's kg does); ``fused_q`` / ``fused_qk`` for
-output_fused; ``fused_q`` for aqk and state_out under both fused routes (their FUSE_Q form)).
+output_fused; ``fused_q`` for aqk, state_out and kda_state_out under both fused routes (their FUSE_Q form)).
 
 No torch import here.
 """
@@ -46,9 +46,10 @@ _GDN_ROUTES = {
     "fused_q": ("l2norm", "gram", "wu", "state", "output_fused") + ONE_PASS_KERNELS,
     "fused_qk": ("gram", "wu", "state", "output_fused") + ONE_PASS_KERNELS,
 }
+# KDA: state + output, or in one pass (GDNConfig.one_pass, :func:`kda_one_pass_choice`) kda_state_out
 ROUTE_KERNELS = {"gdn": _GDN_ROUTES,
                  "kda": {r: tuple("kda_intra" if k == "gram" else k for k in ks if k not in ONE_PASS_KERNELS)
-                         for r, ks in _GDN_ROUTES.items()}}
+                         + ("kda_state_out",) for r, ks in _GDN_ROUTES.items()}}
 # the route a (kernel, variant) is measured under
 MEASURE_ROUTE = {"plain": "flag", "fuse_k": "fused_qk", "fused_q": "fused_q", "fused_qk": "fused_qk"}
 DISABLE_ENV = "GDNBENCH_TUNED"  # GDNBENCH_TUNED=0: `gdnbench run` ignores the cache
@@ -67,8 +68,8 @@ def variant_of(kernel: str, route: str, family: str = "gdn") -> str:
         return "fused_q" if family == "kda" else route
     if kernel == "fused_out":  # FUSE_Q under both fused routes, FUSE_K under fused_qk
         return route if route.startswith("fused") else "plain"
-    if kernel in ONE_PASS_KERNELS and route.startswith("fused"):
-        return "fused_q"  # FUSE_Q: q raw (under fused_qk, k's rstd rides on w, u and v_new)
+    if kernel in ONE_PASS_KERNELS + ("kda_state_out",) and route.startswith("fused"):
+        return "fused_q"  # FUSE_Q: q raw (under fused_qk, k's rstd rides on w, u and v_new; KDA's on kg and Aqk)
     fuse_k = ("gram", "wu") if family == "gdn" else ("kda_intra", "wu")
     if kernel in fuse_k and route == "fused_qk":
         return "fuse_k"
@@ -221,6 +222,21 @@ def tuned_config(shape, route: str, env: dict | None, cache_dir: Path | None = N
     return new, "tuned: " + ", ".join(f"{k}[{point_label(p)}]" for k, p in changed.items())
 
 
+def _best_times(shape, route: str, env: dict, cache_dir, kernels) -> tuple[dict, str | None]:
+    """({kernel: its current entry's best time_us} for ``kernels`` on this shape key and route, the first
+    kernel without one or None)."""
+    times = {}
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", StaleEntry)  # tuned_config reports stale entries once
+        for kernel in kernels:
+            e = find_entry(cache_dir, env, kernel, shape, variant_of(kernel, route, shape.family)) or {}
+            t = (e.get("best") or {}).get("time_us")
+            if t is None:
+                return times, kernel
+            times[kernel] = t
+    return times, None
+
+
 def in_loop_choice(shape, route: str, env: dict | None, cache_dir: Path | None = None) -> tuple[str | None, str]:
     """(form, why): ``"wu"`` where the autotuner timed the in-loop form's loop (fused_out: no w/u kernel) below
     the state_out + wu pair it replaces, for this shape key and route; else None. GDN only; needs all three
@@ -229,15 +245,22 @@ def in_loop_choice(shape, route: str, env: dict | None, cache_dir: Path | None =
     188.3 + 78.0 us, HV64 336.4 against 245.6 + 146.4, HV48 210.9 against 199.4 + 114.4; docs/design.md)."""
     if shape.family != "gdn" or env is None or os.environ.get(DISABLE_ENV, "1") == "0":
         return None, ""
-    times = {}
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", StaleEntry)  # tuned_config reports stale entries once
-        for kernel in ("fused_out", "state_out", "wu"):
-            e = find_entry(cache_dir, env, kernel, shape, variant_of(kernel, route, shape.family)) or {}
-            t = (e.get("best") or {}).get("time_us")
-            if t is None:
-                return None, f"no tuned {kernel}"
-            times[kernel] = t
+    times, missing = _best_times(shape, route, env, cache_dir, ("fused_out", "state_out", "wu"))
+    if missing:
+        return None, f"no tuned {missing}"
     pair = times["state_out"] + times["wu"]
     why = f"fused_out {times['fused_out']:.1f} us vs state_out + wu {pair:.1f} us"
     return ("wu" if times["fused_out"] < pair else None), why
+
+
+def kda_one_pass_choice(shape, route: str, env: dict | None, cache_dir: Path | None = None) -> tuple[bool, str]:
+    """(one pass, why): True where the autotuner timed KDA's one-pass kernel (kda_state_out) below the state and
+    output kernels it replaces, for this shape key and route; needs all three entries current on this machine."""
+    if shape.family != "kda" or env is None or os.environ.get(DISABLE_ENV, "1") == "0":
+        return False, ""
+    out = "output_fused" if route.startswith("fused") else "output"
+    times, missing = _best_times(shape, route, env, cache_dir, ("kda_state_out", "state", out))
+    if missing:
+        return False, f"no tuned {missing}"
+    pair = times["state"] + times[out]
+    return times["kda_state_out"] < pair, f"kda_state_out {times['kda_state_out']:.1f} us vs state + {out} {pair:.1f} us"
