@@ -145,6 +145,11 @@ def test_forcing_it_where_it_is_not_built():
     with pytest.raises(ValueError, match="one_pass=True needs K <= 128 for GDN"):
         ops.validate(GDNConfig(one_pass=True), 192, 128)
     ops.validate(GDNConfig(one_pass=True), 192, 128, family="kda")  # KDA's one pass (kda_state_out) takes any K
+    # its config is checked where it runs: 3 stages at BV 64 exceed shared memory (offline sm_90: 253952 B)
+    big = dataclasses.replace(default_config(128, 128, 2, "kda"), kda_state_out=KernelConfig(BK=64, BV=64, num_stages=3))
+    ops.validate(big, 128, 128, family="kda")
+    with pytest.raises(ValueError, match="config.kda_state_out needs ~253952 B"):
+        ops.validate(dataclasses.replace(big, one_pass=True), 128, 128, family="kda")
     with pytest.raises(ValueError, match="one_pass='yes'"):
         ops.validate(GDNConfig(one_pass="yes"), 128, 128)
 

@@ -250,6 +250,8 @@ def _check(config: GDNConfig, K: int, V: int, dtype_bytes: int, family: str) -> 
             raise ValueError(f"config.in_loop={config.in_loop!r} needs GDN with K <= {ONE_PASS_MAX_K}, "
                              f"got {family} K={K}")
         del needs["aqk"], needs["state_out"], needs["fused_out"]
+    if family != "kda" or not config.one_pass:
+        del needs["kda_state_out"]  # KDA's one pass runs it; elsewhere it is not launched
     if config.in_loop and config.one_pass is False:
         raise ValueError(f"config.in_loop={config.in_loop!r} is a one-pass form: one_pass=False contradicts it")
     for name, blocks in needs.items():
