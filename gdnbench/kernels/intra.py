@@ -494,11 +494,14 @@ def _diagonal_exact(xr, kb, gcb, c, rows, valid, n_valid, o_k, n, H: tl.constexp
 @triton.jit
 def _kda_grams(qb, kb, gcb, rows, valid, n_valid, n, H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr,
                BK: tl.constexpr, BT: tl.constexpr, BC: tl.constexpr, WANT_K: tl.constexpr, WANT_Q: tl.constexpr,
-               NORMALIZE: tl.constexpr, DOT_BF16: tl.constexpr, PREC: tl.constexpr, UNBOUNDED: tl.constexpr):
+               NORMALIZE: tl.constexpr, SSQ: tl.constexpr, DOT_BF16: tl.constexpr, PREC: tl.constexpr,
+               UNBOUNDED: tl.constexpr):
     """One chunk's gated grams sum_c x_ic k_jc exp2(c_ic - c_jc) for x = k (WANT_K) or x = q (WANT_Q)
     as [BT, BT] dots per K tile, c the per-channel cumsum (g_cs, written by kda_cumsum_kernel).
-    Returns (d, o): d holds the diagonal 16-blocks, o the blocks below them (other entries are
-    junk).  NORMALIZE: k rows times n on load.  DOT_BF16 (bf16 storage): the gated operands are rounded to bf16, so the dot operands
+    Returns (d, o, ss): d holds the diagonal 16-blocks, o the blocks below them (other entries are
+    junk), ss the raw k k^T (SSQ; not for fp32 storage, see _rows_ssq), whose diagonal is k's sums of
+    squares.  NORMALIZE: k rows times n
+    on load.  DOT_BF16 (bf16 storage): the gated operands are rounded to bf16, so the dot operands
     are 16-bit (half the shared-memory staging of tf32 ones).
 
     exp2(c_i - c_j) is split at a reference p, a row of c, so that neither factor leaves fp32 (nor
@@ -516,7 +519,7 @@ def _kda_grams(qb, kb, gcb, rows, valid, n_valid, n, H: tl.constexpr, HV: tl.con
     smaller than it, so below fp32's range."""
     blk = (rows // BC)[:, None]
     d = tl.zeros([BT, BT], dtype=tl.float32)
-    od = d
+    od, ss = d, d
     for i_k in range(tl.cdiv(K, BK)):
         o_k = i_k * BK + tl.arange(0, BK)
         m = valid[:, None] & (o_k < K)[None, :]
@@ -528,6 +531,9 @@ def _kda_grams(qb, kb, gcb, rows, valid, n_valid, n, H: tl.constexpr, HV: tl.con
         # rows past the chunk's end: c = 0 when loaded, so exp2(c - pd) could overflow; they are zero
         e = tl.where(valid[:, None], tl.math.exp2(c - pd), 0.0)
         kx = _normalized(tl.load(kb + rows[:, None] * (H * K) + o_k[None, :], mask=m, other=0.0), n, NORMALIZE)
+        if SSQ:
+            if PREC != "tf32x3":  # (fp32 storage reads its sums in _k_rstd_full)
+                ss = tl.dot(kx, tl.trans(kx), ss, input_precision=PREC)
         kf = kx.to(tl.float32)
         if UNBOUNDED:
             xr = kf
@@ -564,17 +570,18 @@ def _kda_grams(qb, kb, gcb, rows, valid, n_valid, n, H: tl.constexpr, HV: tl.con
             od = _dot(xl * tl.where(blk <= 1, 0.0, tl.where(blk == 2, 1.0, f32)),
                       tl.trans(tl.where(blk == 1, kr * f21, 0.0)), od, DOT_BF16, PREC)
             od = _dot(tl.where(blk == 3, xl, 0.0), tl.trans(tl.where(blk == 2, kr * f32, 0.0)), od, DOT_BF16, PREC)
-    return d, od
+    return d, od, ss
 
 
 @triton.jit
-def _k_rstd_full(kb, rstd_k, tok0, i_h, i_hv, rows, valid, H: tl.constexpr, HV: tl.constexpr,
-                 K: tl.constexpr, BK: tl.constexpr, STORE: tl.constexpr):
-    """k's row rstd from its rows' sums of squares, read from k in a pass of their own (stored to
-    rstd_k by one writer per key head when STORE), and whether a row's sum reached RAW_K_SSQ_MAX.
-    The pass replaced the raw k k^T gram beside the gated ones, whose [64, 64] fp32 accumulator
-    costs a one-warp program 128 registers a thread (the tuned configs run one warp)."""
-    ssq = _rows_ssq(kb, rows, valid, K, H * K, BK)
+def _k_rstd_full(kb, rstd_k, tok0, i_h, i_hv, rows, valid, ss, H: tl.constexpr, HV: tl.constexpr,
+                 K: tl.constexpr, BK: tl.constexpr, STORE: tl.constexpr, PREC: tl.constexpr):
+    """k's row rstd from the raw k k^T diagonal (fp32 storage: from k, _rows_ssq; stored to rstd_k by
+    one writer per key head when STORE) and whether a row's sum of squares reached RAW_K_SSQ_MAX."""
+    if PREC == "tf32x3":
+        ssq = _rows_ssq(kb, rows, valid, K, H * K, BK)
+    else:
+        ssq = diag_ssq(ss, rows, PREC)
     n = row_rstd(kb, rows, valid, ssq, K, H * K, BK)
     if STORE:
         if i_hv % (HV // H) == 0:
@@ -588,26 +595,23 @@ def _kda_gram_normed(qb, kb, gcb, rstd_k, tok0, i_h, i_hv, rows, valid, n_valid,
                      X_IS_K: tl.constexpr, FUSE_K: tl.constexpr, DOT_BF16: tl.constexpr, PREC: tl.constexpr,
                      UNBOUNDED: tl.constexpr):
     """_kda_grams' (d, o) for x = k (X_IS_K) or q; FUSE_K: in k's normalized basis (rows too when
-    x = k), k's rstd from its rows' sums of squares, stored by the x = k program."""
+    x = k), k's rstd from the raw gram's diagonal, stored by the x = k program."""
     one = tl.full([BT], 1.0, dtype=tl.float32)
+    d, od, ss = _kda_grams(qb, kb, gcb, rows, valid, n_valid, one, H, HV, K, BK, BT, BC, X_IS_K, not X_IS_K,
+                           False, FUSE_K, DOT_BF16, PREC, UNBOUNDED)
     if FUSE_K:
-        n, huge = _k_rstd_full(kb, rstd_k, tok0, i_h, i_hv, rows, valid, H, HV, K, BK, X_IS_K)
+        n, huge = _k_rstd_full(kb, rstd_k, tok0, i_h, i_hv, rows, valid, ss, H, HV, K, BK, X_IS_K, PREC)
         if huge:
-            # rare: a k row of norm >= 2^19 could overflow its e^75 factor; the grams on rows normalized
-            # on load
-            d, od = _kda_grams(qb, kb, gcb, rows, valid, n_valid, n, H, HV, K, BK, BT, BC, X_IS_K, not X_IS_K,
-                               True, DOT_BF16, PREC, UNBOUNDED)
+            # rare: a k row of norm >= 2^19 may have overflowed its e^75 factor; redo the gram on
+            # rows normalized on load
+            d, od, ss = _kda_grams(qb, kb, gcb, rows, valid, n_valid, n, H, HV, K, BK, BT, BC, X_IS_K, not X_IS_K,
+                                   True, False, DOT_BF16, PREC, UNBOUNDED)
         else:
-            d, od = _kda_grams(qb, kb, gcb, rows, valid, n_valid, one, H, HV, K, BK, BT, BC, X_IS_K, not X_IS_K,
-                               False, DOT_BF16, PREC, UNBOUNDED)
             d = d * n[None, :]
             od = od * n[None, :]
             if X_IS_K:
                 d = d * n[:, None]
                 od = od * n[:, None]
-    else:
-        d, od = _kda_grams(qb, kb, gcb, rows, valid, n_valid, one, H, HV, K, BK, BT, BC, X_IS_K, not X_IS_K,
-                           False, DOT_BF16, PREC, UNBOUNDED)
     return d, od
 
 
