@@ -255,7 +255,9 @@ def in_loop_choice(shape, route: str, env: dict | None, cache_dir: Path | None =
 
 def kda_one_pass_choice(shape, route: str, env: dict | None, cache_dir: Path | None = None) -> tuple[bool, str]:
     """(one pass, why): True where the autotuner timed KDA's one-pass kernel (kda_state_out) below the state and
-    output kernels it replaces, for this shape key and route; needs all three entries current on this machine."""
+    output kernels it replaces, for this shape key and route; needs all three entries current on this machine.
+    H200: 519.4 against 299.2 + 242.8 us at h64_fixed (flag), 958.0 against 428.1 + 363.3 at h96_fixed, where its
+    192 programs are 1.45 waves; the fused_q form loses on all four kda-legacy6 keys (docs/design.md)."""
     if shape.family != "kda" or env is None or os.environ.get(DISABLE_ENV, "1") == "0":
         return False, ""
     out = "output_fused" if route.startswith("fused") else "output"
