@@ -12,7 +12,9 @@ cdiv(V, BV) times per chunk where the output kernel read them once.  w, u and kg
 Aqk from kda_intra, as in the three-kernel path, whose rounding this keeps: the (exp2(g) q) h product takes
 h rounded to 16 bits as the output kernel reads it, and A v_new takes v_new as the state kernel stores it.
 Under fused_q / fused_qk q is raw and q's rstd, from the diagonal of q q^T accumulated with (exp2(g) q) h,
-scales the whole output row once (as the output kernel does).  Opt-in (``ops.kda_state_output``); not timed.
+scales the whole output row once (as the output kernel does).  Runs where its tuned time beats state +
+output (``tuned.kda_one_pass_choice``): on the H200 the H64 kda-legacy6 shapes under flag (515.2 against
+542.0 us at h64_fixed); at H96, 1.45 waves of 132 SMs, it is slower (958.0 against 791.4).
 """
 
 import triton
