@@ -498,19 +498,18 @@ def _kda_grams(qb, kb, gcb, rows, valid, n_valid, n, H: tl.constexpr, HV: tl.con
                UNBOUNDED: tl.constexpr):
     """One chunk's gated grams sum_c x_ic k_jc exp2(c_ic - c_jc) for x = k (WANT_K) or x = q (WANT_Q)
     as [BT, BT] dots per K tile, c the per-channel cumsum (g_cs, written by kda_cumsum_kernel).
-    Returns (d, o, ss): d holds the diagonal 16-blocks, o the blocks below them (other entries are
-    junk), ss the raw k k^T (SSQ; not for fp32 storage, see _rows_ssq), whose diagonal is k's sums of
-    squares.  NORMALIZE: k rows times n
-    on load.  DOT_BF16 (bf16 storage): the gated operands are rounded to bf16, so the dot operands
+    Returns (a, ss): a holds the diagonal 16-blocks and the blocks below them (the callers take its
+    causal part), ss the raw k k^T (SSQ; not for fp32 storage, see _rows_ssq), whose diagonal
+    is k's sums of squares.  NORMALIZE: k rows times n on load.  DOT_BF16 (bf16 storage): the gated operands are rounded to bf16, so the dot operands
     are 16-bit (half the shared-memory staging of tf32 ones).
 
     exp2(c_i - c_j) is split at a reference p, a row of c, so that neither factor leaves fp32 (nor
-    bf16, whose exponent range is fp32's): p_b = c's first row in 16-block b.  Diagonal blocks:
-    x_i exp2(c_i - p_b) (<= 1) against k_j exp2(p_b - c_j) (at most 15 tokens of growth: e^75 when
-    every g >= -5).  Blocks below the diagonal, column block j: reference p_(j+1), which gives
-    factors <= 1 on both sides, formed from the same two exp2 tiles times per-channel block factors
-    exp2(p_a - p_b).  A column block of k is zero outside block j, so the three column blocks share
-    one accumulator.
+    bf16, whose exponent range is fp32's): p_b = c's first row in 16-block b.  Column block j, with
+    the rows of block j and below: x_i exp2(c_i - p_j) (<= 1) against k_j exp2(p_j - c_j) (at most 15
+    tokens of growth: e^75 when every g >= -5), formed from two exp2 tiles at each row's own block and
+    per-channel block factors exp2(p_a - p_j) <= 1.  A column block of k is zero outside block j, so the
+    four column blocks, diagonal and below, share one [BT, BT] accumulator.  (A row factor that
+    underflows stands for an entry below 2^-18 of |x| |k|.)
 
     UNBOUNDED (gates without a lower bound): no factor may exceed 1.  The diagonal blocks are summed
     per entry, exp2(c_i - c_j) with j <= i in the same 16-block (_diagonal_exact); below the diagonal
@@ -519,7 +518,7 @@ def _kda_grams(qb, kb, gcb, rows, valid, n_valid, n, H: tl.constexpr, HV: tl.con
     smaller than it, so below fp32's range."""
     blk = (rows // BC)[:, None]
     d = tl.zeros([BT, BT], dtype=tl.float32)
-    od, ss = d, d
+    od, ss = d, d  # (bounded gates: d alone)
     for i_k in range(tl.cdiv(K, BK)):
         o_k = i_k * BK + tl.arange(0, BK)
         m = valid[:, None] & (o_k < K)[None, :]
@@ -556,6 +555,8 @@ def _kda_grams(qb, kb, gcb, rows, valid, n_valid, n, H: tl.constexpr, HV: tl.con
         else:
             kr = kf * tl.math.exp2(pd - c)
             f10 = tl.math.exp2(p1 - p0)[None, :]
+            f20 = tl.math.exp2(p2 - p0)[None, :]
+            f30 = tl.math.exp2(p3 - p0)[None, :]
             f21 = tl.math.exp2(p2 - p1)[None, :]
             f31 = tl.math.exp2(p3 - p1)[None, :]
             f32 = tl.math.exp2(p3 - p2)[None, :]
@@ -563,14 +564,17 @@ def _kda_grams(qb, kb, gcb, rows, valid, n_valid, n, H: tl.constexpr, HV: tl.con
                 xl = kf * e
             else:
                 xl = tl.load(qb + rows[:, None] * (H * K) + o_k[None, :], mask=m, other=0.0).to(tl.float32) * e
-            d = _dot(xl, tl.trans(kr), d, DOT_BF16, PREC)
-            # column block j: k_j exp2(p_(j+1) - c_j); rows below block j: x exp2(c - p_(j+1))
-            od = _dot(xl * tl.where(blk == 0, 0.0, tl.where(blk == 1, 1.0, tl.where(blk == 2, f21, f31))),
-                      tl.trans(tl.where(blk == 0, kr * f10, 0.0)), od, DOT_BF16, PREC)
-            od = _dot(xl * tl.where(blk <= 1, 0.0, tl.where(blk == 2, 1.0, f32)),
-                      tl.trans(tl.where(blk == 1, kr * f21, 0.0)), od, DOT_BF16, PREC)
-            od = _dot(tl.where(blk == 3, xl, 0.0), tl.trans(tl.where(blk == 2, kr * f32, 0.0)), od, DOT_BF16, PREC)
-    return d, od, ss
+            # column block j: k_j exp2(p_j - c_j); rows of block j and below: x exp2(c - p_j)
+            d = _dot(xl * tl.where(blk == 0, 1.0, tl.where(blk == 1, f10, tl.where(blk == 2, f20, f30))),
+                     tl.trans(tl.where(blk == 0, kr, 0.0)), d, DOT_BF16, PREC)
+            d = _dot(xl * tl.where(blk == 0, 0.0, tl.where(blk == 1, 1.0, tl.where(blk == 2, f21, f31))),
+                     tl.trans(tl.where(blk == 1, kr, 0.0)), d, DOT_BF16, PREC)
+            d = _dot(xl * tl.where(blk <= 1, 0.0, tl.where(blk == 2, 1.0, f32)),
+                     tl.trans(tl.where(blk == 2, kr, 0.0)), d, DOT_BF16, PREC)
+            d = _dot(tl.where(blk == 3, xl, 0.0), tl.trans(tl.where(blk == 3, kr, 0.0)), d, DOT_BF16, PREC)
+    if UNBOUNDED:
+        d = tl.where((blk == (rows // BC)[None, :]), d, od)
+    return d, ss
 
 
 @triton.jit
@@ -594,25 +598,23 @@ def _kda_gram_normed(qb, kb, gcb, rstd_k, tok0, i_h, i_hv, rows, valid, n_valid,
                      HV: tl.constexpr, K: tl.constexpr, BK: tl.constexpr, BT: tl.constexpr, BC: tl.constexpr,
                      X_IS_K: tl.constexpr, FUSE_K: tl.constexpr, DOT_BF16: tl.constexpr, PREC: tl.constexpr,
                      UNBOUNDED: tl.constexpr):
-    """_kda_grams' (d, o) for x = k (X_IS_K) or q; FUSE_K: in k's normalized basis (rows too when
+    """_kda_grams' gram for x = k (X_IS_K) or q; FUSE_K: in k's normalized basis (rows too when
     x = k), k's rstd from the raw gram's diagonal, stored by the x = k program."""
     one = tl.full([BT], 1.0, dtype=tl.float32)
-    d, od, ss = _kda_grams(qb, kb, gcb, rows, valid, n_valid, one, H, HV, K, BK, BT, BC, X_IS_K, not X_IS_K,
-                           False, FUSE_K, DOT_BF16, PREC, UNBOUNDED)
+    a, ss = _kda_grams(qb, kb, gcb, rows, valid, n_valid, one, H, HV, K, BK, BT, BC, X_IS_K, not X_IS_K,
+                       False, FUSE_K, DOT_BF16, PREC, UNBOUNDED)
     if FUSE_K:
         n, huge = _k_rstd_full(kb, rstd_k, tok0, i_h, i_hv, rows, valid, ss, H, HV, K, BK, X_IS_K, PREC)
         if huge:
             # rare: a k row of norm >= 2^19 may have overflowed its e^75 factor; redo the gram on
             # rows normalized on load
-            d, od, ss = _kda_grams(qb, kb, gcb, rows, valid, n_valid, n, H, HV, K, BK, BT, BC, X_IS_K, not X_IS_K,
-                                   True, False, DOT_BF16, PREC, UNBOUNDED)
+            a, ss = _kda_grams(qb, kb, gcb, rows, valid, n_valid, n, H, HV, K, BK, BT, BC, X_IS_K, not X_IS_K,
+                               True, False, DOT_BF16, PREC, UNBOUNDED)
         else:
-            d = d * n[None, :]
-            od = od * n[None, :]
+            a = a * n[None, :]
             if X_IS_K:
-                d = d * n[:, None]
-                od = od * n[:, None]
-    return d, od
+                a = a * n[:, None]
+    return a
 
 
 @triton.jit(do_not_specialize=["T", "NT"])
@@ -645,14 +647,12 @@ def kda_intra_kernel(
     kb = k + tok0 * (H * K) + i_h * K
     gcb = g_cs + tok0 * (HV * K) + i_hv * K
     causal = rows[:, None] >= rows[None, :]
-    same = (rows // BC)[:, None] == (rows // BC)[None, :]
     if which == 0:
-        d, od = _kda_gram_normed(qb, kb, gcb, rstd_k, tok0, i_h, i_hv, rows, valid, n_valid, H, HV, K, BK, BT, BC,
-                                 True, FUSE_K, DOT_BF16, PREC, UNBOUNDED)
+        a = _kda_gram_normed(qb, kb, gcb, rstd_k, tok0, i_h, i_hv, rows, valid, n_valid, H, HV, K, BK, BT, BC,
+                             True, FUSE_K, DOT_BF16, PREC, UNBOUNDED)
         b = tl.load(beta + (tok0 + rows) * HV + i_hv, mask=valid, other=0.0).to(tl.float32)
         # where() after the product: entries outside the causal part may be inf or NaN, never selected
-        L = tl.where(causal & ~(rows[:, None] == rows[None, :]) & valid[:, None],
-                     tl.where(same, d, od) * b[:, None], 0.0)
+        L = tl.where(causal & ~(rows[:, None] == rows[None, :]) & valid[:, None], a * b[:, None], 0.0)
         l00, l10, l11, l20, l21, l22, l30, l31, l32, l33 = _lower_blocks(L, BC)
         o = tl.arange(0, BC)
         x00, x10, x11, x20, x21, x22, x30, x31, x32, x33 = _unit_lower_solve(
@@ -661,9 +661,9 @@ def kda_intra_kernel(
                      o < n_valid, o + BC < n_valid, o + 2 * BC < n_valid, o + 3 * BC < n_valid,
                      x00, x10, x11, x20, x21, x22, x30, x31, x32, x33, HV * BT, o, BC)
     else:
-        d, od = _kda_gram_normed(qb, kb, gcb, rstd_k, tok0, i_h, i_hv, rows, valid, n_valid, H, HV, K, BK, BT, BC,
-                                 False, FUSE_K, DOT_BF16, PREC, UNBOUNDED)
+        a = _kda_gram_normed(qb, kb, gcb, rstd_k, tok0, i_h, i_hv, rows, valid, n_valid, H, HV, K, BK, BT, BC,
+                             False, FUSE_K, DOT_BF16, PREC, UNBOUNDED)
         # the causal part (diagonal included), zeros above
-        aqk = tl.where(causal, tl.where(same, d, od), 0.0)
+        aqk = tl.where(causal, a, 0.0)
         tl.store(Aqk + (tok0 + rows[:, None]) * (HV * BT) + i_hv * BT + rows[None, :],
                  aqk.to(Aqk.dtype.element_ty), mask=valid[:, None])
