@@ -499,8 +499,8 @@ def _kda_grams(qb, kb, gcb, rows, valid, n_valid, n, H: tl.constexpr, HV: tl.con
     """One chunk's gated grams sum_c x_ic k_jc exp2(c_ic - c_jc) for x = k (WANT_K) or x = q (WANT_Q)
     as [BT, BT] dots per K tile, c the per-channel cumsum (g_cs, written by kda_cumsum_kernel).
     Returns (a, ss): a holds the diagonal 16-blocks and the blocks below them (the callers take its
-    causal part), ss the raw k k^T (SSQ; not for fp32 storage, see _rows_ssq), whose diagonal
-    is k's sums of squares.  NORMALIZE: k rows times n on load.  DOT_BF16 (bf16 storage): the gated operands are rounded to bf16, so the dot operands
+    causal part), ss k's rows' sums of squares (SSQ; 16-bit storage, whose squares are exact in fp32;
+    fp32 storage takes them from _rows_ssq).  NORMALIZE: k rows times n on load.  DOT_BF16 (bf16 storage): the gated operands are rounded to bf16, so the dot operands
     are 16-bit (half the shared-memory staging of tf32 ones).
 
     exp2(c_i - c_j) is split at a reference p, a row of c, so that neither factor leaves fp32 (nor
@@ -518,7 +518,8 @@ def _kda_grams(qb, kb, gcb, rows, valid, n_valid, n, H: tl.constexpr, HV: tl.con
     smaller than it, so below fp32's range."""
     blk = (rows // BC)[:, None]
     d = tl.zeros([BT, BT], dtype=tl.float32)
-    od, ss = d, d  # (bounded gates: d alone)
+    od = d  # (bounded gates: d alone)
+    ss = tl.zeros([BT], dtype=tl.float32)
     for i_k in range(tl.cdiv(K, BK)):
         o_k = i_k * BK + tl.arange(0, BK)
         m = valid[:, None] & (o_k < K)[None, :]
@@ -530,10 +531,10 @@ def _kda_grams(qb, kb, gcb, rows, valid, n_valid, n, H: tl.constexpr, HV: tl.con
         # rows past the chunk's end: c = 0 when loaded, so exp2(c - pd) could overflow; they are zero
         e = tl.where(valid[:, None], tl.math.exp2(c - pd), 0.0)
         kx = _normalized(tl.load(kb + rows[:, None] * (H * K) + o_k[None, :], mask=m, other=0.0), n, NORMALIZE)
+        kf = kx.to(tl.float32)
         if SSQ:
             if PREC != "tf32x3":  # (fp32 storage reads its sums in _k_rstd_full)
-                ss = tl.dot(kx, tl.trans(kx), ss, input_precision=PREC)
-        kf = kx.to(tl.float32)
+                ss += tl.sum(kf * kf, 1)
         if UNBOUNDED:
             xr = kf
             if not WANT_K:
@@ -580,12 +581,13 @@ def _kda_grams(qb, kb, gcb, rows, valid, n_valid, n, H: tl.constexpr, HV: tl.con
 @triton.jit
 def _k_rstd_full(kb, rstd_k, tok0, i_h, i_hv, rows, valid, ss, H: tl.constexpr, HV: tl.constexpr,
                  K: tl.constexpr, BK: tl.constexpr, STORE: tl.constexpr, PREC: tl.constexpr):
-    """k's row rstd from the raw k k^T diagonal (fp32 storage: from k, _rows_ssq; stored to rstd_k by
-    one writer per key head when STORE) and whether a row's sum of squares reached RAW_K_SSQ_MAX."""
+    """k's row rstd from its sums of squares ss, summed where the grams read k (fp32 storage: from k,
+    _rows_ssq; stored to rstd_k by one writer per key head when STORE) and whether a row's sum of
+    squares reached RAW_K_SSQ_MAX (an overflowed square reads inf, so it does)."""
     if PREC == "tf32x3":
         ssq = _rows_ssq(kb, rows, valid, K, H * K, BK)
     else:
-        ssq = diag_ssq(ss, rows, PREC)
+        ssq = ss
     n = row_rstd(kb, rows, valid, ssq, K, H * K, BK)
     if STORE:
         if i_hv % (HV // H) == 0:
@@ -599,7 +601,7 @@ def _kda_gram_normed(qb, kb, gcb, rstd_k, tok0, i_h, i_hv, rows, valid, n_valid,
                      X_IS_K: tl.constexpr, FUSE_K: tl.constexpr, DOT_BF16: tl.constexpr, PREC: tl.constexpr,
                      UNBOUNDED: tl.constexpr):
     """_kda_grams' gram for x = k (X_IS_K) or q; FUSE_K: in k's normalized basis (rows too when
-    x = k), k's rstd from the raw gram's diagonal, stored by the x = k program."""
+    x = k), k's rstd from the sums of squares taken as the grams read k, stored by the x = k program."""
     one = tl.full([BT], 1.0, dtype=tl.float32)
     a, ss = _kda_grams(qb, kb, gcb, rows, valid, n_valid, one, H, HV, K, BK, BT, BC, X_IS_K, not X_IS_K,
                        False, FUSE_K, DOT_BF16, PREC, UNBOUNDED)
