@@ -252,11 +252,11 @@ def kda_intra(q, k, g, beta, *, varlen=None, fuse_k=False, raw_q=False, unbounde
             g, g_cs, *_varlen_args(varlen), T, NT, HV=HV, K=K, BK=block(cs.BK, K), BT=CHUNK_SIZE,
             IS_VARLEN=varlen is not None, hooks=on_launch)
     cfg = config.kda_intra
-    _launch(kda_intra_kernel, (n_grid, B * HV, 2), cfg,
+    _launch(kda_intra_kernel, (n_grid, B * HV, 1 if not unbounded else 2), cfg,
             q, k, beta, g_cs, A, Aqk, rstd_k, *_varlen_args(varlen), T, NT,
             H=H, HV=HV, K=K, BK=block(cfg.BK, K), BT=CHUNK_SIZE, BC=SUB_CHUNK,
             IS_VARLEN=varlen is not None, FUSE_K=fuse_k, DOT_BF16=k.dtype == torch.bfloat16,
-            PREC=_precision(k.dtype), UNBOUNDED=unbounded, hooks=on_launch)
+            PREC=_precision(k.dtype), UNBOUNDED=unbounded, ONE_PROGRAM=not unbounded, hooks=on_launch)
     return g_cs, A, Aqk, rstd_k
 
 
