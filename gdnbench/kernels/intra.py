@@ -630,23 +630,25 @@ def _k_rstd_full(kb, rstd_k, tok0, i_h, i_hv, rows, valid, ss, H: tl.constexpr, 
 
 
 @triton.jit
-def _kda_gram_normed(qb, kb, gcb, rstd_k, tok0, i_h, i_hv, rows, valid, n_valid, H: tl.constexpr,
+def _kda_gram_normed(qb, kb, gcb, rstd_k, risky, tok0, i_h, i_hv, rows, valid, n_valid, H: tl.constexpr,
                      HV: tl.constexpr, K: tl.constexpr, BK: tl.constexpr, BT: tl.constexpr, BC: tl.constexpr,
-                     WANT_K: tl.constexpr, WANT_Q: tl.constexpr, FUSE_K: tl.constexpr, DOT_BF16: tl.constexpr,
-                     PREC: tl.constexpr, UNBOUNDED: tl.constexpr):
+                     WANT_K: tl.constexpr, WANT_Q: tl.constexpr, FUSE_K: tl.constexpr, REDO: tl.constexpr,
+                     DOT_BF16: tl.constexpr, PREC: tl.constexpr, UNBOUNDED: tl.constexpr):
     """_kda_grams' (ak, aq); FUSE_K: in k's normalized basis (ak's rows too), k's rstd from the sums of
-    squares taken as the grams read k, stored by the program that forms ak."""
+    squares taken as the grams read k, stored by the program that forms ak.  Whether a row's sum of
+    squares reached RAW_K_SSQ_MAX (a k row of norm >= 2^19, whose e^75 gate factor may have overflowed)
+    goes to *risky; the fix-up launch redoes those programs (REDO) on rows normalized on load."""
     one = tl.full([BT], 1.0, dtype=tl.float32)
-    ak, aq, ss = _kda_grams(qb, kb, gcb, rows, valid, n_valid, one, H, HV, K, BK, BT, BC, WANT_K, WANT_Q,
-                            False, FUSE_K, DOT_BF16, PREC, UNBOUNDED)
-    if FUSE_K:
-        n, huge = _k_rstd_full(kb, rstd_k, tok0, i_h, i_hv, rows, valid, ss, H, HV, K, BK, WANT_K, PREC)
-        if huge:
-            # rare: a k row of norm >= 2^19 may have overflowed its e^75 factor; redo the grams on
-            # rows normalized on load
-            ak, aq, ss = _kda_grams(qb, kb, gcb, rows, valid, n_valid, n, H, HV, K, BK, BT, BC, WANT_K, WANT_Q,
-                                    True, False, DOT_BF16, PREC, UNBOUNDED)
-        else:
+    if REDO:
+        n = row_rstd(kb, rows, valid, _rows_ssq(kb, rows, valid, K, H * K, BK), K, H * K, BK)
+        ak, aq, _ = _kda_grams(qb, kb, gcb, rows, valid, n_valid, n, H, HV, K, BK, BT, BC, WANT_K, WANT_Q,
+                               True, False, DOT_BF16, PREC, UNBOUNDED)
+    else:
+        ak, aq, ss = _kda_grams(qb, kb, gcb, rows, valid, n_valid, one, H, HV, K, BK, BT, BC, WANT_K, WANT_Q,
+                                False, FUSE_K, DOT_BF16, PREC, UNBOUNDED)
+        if FUSE_K:
+            n, huge = _k_rstd_full(kb, rstd_k, tok0, i_h, i_hv, rows, valid, ss, H, HV, K, BK, WANT_K, PREC)
+            tl.store(risky, huge.to(tl.int8))
             ak = ak * n[None, :] * n[:, None]
             aq = aq * n[None, :]
     return ak, aq
@@ -675,28 +677,12 @@ def _store_aqk(aq, Aqk, tok0, i_hv, rows, valid, causal, HV: tl.constexpr, BT: t
              tl.where(causal, aq, 0.0).to(Aqk.dtype.element_ty), mask=valid[:, None])
 
 
-@triton.jit(do_not_specialize=["T", "NT"])
-def kda_intra_kernel(
-    q, k, beta, g_cs, A, Aqk, rstd_k, cu_seqlens, chunk_indices, T, NT,
-    H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, BK: tl.constexpr,
-    BT: tl.constexpr, BC: tl.constexpr,
-    IS_VARLEN: tl.constexpr, FUSE_K: tl.constexpr, DOT_BF16: tl.constexpr, PREC: tl.constexpr,
-    UNBOUNDED: tl.constexpr, ONE_PROGRAM: tl.constexpr,
-):
-    """Grid (chunks, B*HV, 2), after kda_cumsum_kernel; (chunks, B*HV, 1) with ONE_PROGRAM (bounded gates
-    only), whose program forms both grams from one pass over k and the gates.  KDA's intra-chunk step:
-    A = (I + L)^-1 with L = strict-lower(beta * gated K K^T) and, with FUSE_K, rstd_k (k's norm is folded
-    into the grams here, where k is first read), by program 0 of the last axis; Aqk = lower(gated Q K^T)
-    on q as given (raw under the fused routes, where the output kernel scales each row once at the end),
-    by program 1.
-
-    H200, kda-legacy6 h96_fixed, this stage alone: twenty
-    16x16-block dots per K tile 2218 us; [64, 64] dots, both grams in one program 1882 us (4 warps);
-    one gram per program 1795 us (2 warps); + c from a separate cumsum kernel instead of a scan and
-    row reductions here 1480 us; + bf16 dot operands 988 us (FLA's whole forward: 2597 us with its
-    l2norm flag).  Nsight Compute on the tf32 version: bound by the shared-memory staging of the
-    fp32 dot operands, not by the dots."""
-    i_c, i_bh, which = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+@triton.jit
+def _kda_intra_at(q, k, beta, g_cs, A, Aqk, rstd_k, risky, cu_seqlens, chunk_indices, T, NT, i_c, i_bh, which,
+                  H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, BK: tl.constexpr, BT: tl.constexpr,
+                  BC: tl.constexpr, IS_VARLEN: tl.constexpr, FUSE_K: tl.constexpr, REDO: tl.constexpr,
+                  DOT_BF16: tl.constexpr, PREC: tl.constexpr, UNBOUNDED: tl.constexpr, ONE_PROGRAM: tl.constexpr):
+    """The program (chunk i_c, value head i_bh, gram `which`) of kda_intra_kernel."""
     i_b, i_hv = i_bh // HV, i_bh % HV
     i_h = i_hv // (HV // H)
     tok0, n_valid, i_g = chunk_coords(i_c, i_b, T, NT, cu_seqlens, chunk_indices, BT, IS_VARLEN)
@@ -708,15 +694,63 @@ def kda_intra_kernel(
     gcb = g_cs + tok0 * (HV * K) + i_hv * K
     causal = rows[:, None] >= rows[None, :]
     if ONE_PROGRAM:
-        ak, aq = _kda_gram_normed(qb, kb, gcb, rstd_k, tok0, i_h, i_hv, rows, valid, n_valid, H, HV, K, BK, BT, BC,
-                                  True, True, FUSE_K, DOT_BF16, PREC, UNBOUNDED)
+        ak, aq = _kda_gram_normed(qb, kb, gcb, rstd_k, risky, tok0, i_h, i_hv, rows, valid, n_valid, H, HV, K, BK,
+                                  BT, BC, True, True, FUSE_K, REDO, DOT_BF16, PREC, UNBOUNDED)
         _solve_store(ak, beta, A, tok0, i_hv, rows, valid, causal, n_valid, HV, BT, BC, PREC)
         _store_aqk(aq, Aqk, tok0, i_hv, rows, valid, causal, HV, BT)
     elif which == 0:
-        ak, _ = _kda_gram_normed(qb, kb, gcb, rstd_k, tok0, i_h, i_hv, rows, valid, n_valid, H, HV, K, BK, BT, BC,
-                                 True, False, FUSE_K, DOT_BF16, PREC, UNBOUNDED)
+        ak, _ = _kda_gram_normed(qb, kb, gcb, rstd_k, risky, tok0, i_h, i_hv, rows, valid, n_valid, H, HV, K, BK,
+                                 BT, BC, True, False, FUSE_K, REDO, DOT_BF16, PREC, UNBOUNDED)
         _solve_store(ak, beta, A, tok0, i_hv, rows, valid, causal, n_valid, HV, BT, BC, PREC)
     else:
-        _, aq = _kda_gram_normed(qb, kb, gcb, rstd_k, tok0, i_h, i_hv, rows, valid, n_valid, H, HV, K, BK, BT, BC,
-                                 False, True, FUSE_K, DOT_BF16, PREC, UNBOUNDED)
+        _, aq = _kda_gram_normed(qb, kb, gcb, rstd_k, risky, tok0, i_h, i_hv, rows, valid, n_valid, H, HV, K, BK,
+                                 BT, BC, False, True, FUSE_K, REDO, DOT_BF16, PREC, UNBOUNDED)
         _store_aqk(aq, Aqk, tok0, i_hv, rows, valid, causal, HV, BT)
+
+
+@triton.jit(do_not_specialize=["T", "NT", "n_grid", "n_flags"])
+def kda_intra_kernel(
+    q, k, beta, g_cs, A, Aqk, rstd_k, risky, cu_seqlens, chunk_indices, T, NT, n_grid, n_flags,
+    H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, BK: tl.constexpr,
+    BT: tl.constexpr, BC: tl.constexpr,
+    IS_VARLEN: tl.constexpr, FUSE_K: tl.constexpr, DOT_BF16: tl.constexpr, PREC: tl.constexpr,
+    UNBOUNDED: tl.constexpr, ONE_PROGRAM: tl.constexpr, FIXUP: tl.constexpr,
+):
+    """Grid (chunks, B*HV, 2), after kda_cumsum_kernel; (chunks, B*HV, 1) with ONE_PROGRAM (bounded gates
+    only), whose program forms both grams from one pass over k and the gates.  KDA's intra-chunk step:
+    A = (I + L)^-1 with L = strict-lower(beta * gated K K^T) and, with FUSE_K, rstd_k (k's norm is folded
+    into the grams here, where k is first read), by program 0 of the last axis; Aqk = lower(gated Q K^T)
+    on q as given (raw under the fused routes, where the output kernel scales each row once at the end),
+    by program 1.
+
+    FUSE_K: every program writes its risky flag (int8, n_flags of them, program (i_c, i_bh, which) at
+    (i_bh * chunks + i_c) * programs per chunk + which).  FIXUP: the second launch, grid
+    cdiv(n_flags, FLAG_BLOCK), whose few programs read FLAG_BLOCK flags at once and redo only the
+    flagged programs, so the main program's body holds one copy of the grams.
+
+    H200, kda-legacy6 h96_fixed, this stage alone: twenty
+    16x16-block dots per K tile 2218 us; [64, 64] dots, both grams in one program 1882 us (4 warps);
+    one gram per program 1795 us (2 warps); + c from a separate cumsum kernel instead of a scan and
+    row reductions here 1480 us; + bf16 dot operands 988 us (FLA's whole forward: 2597 us with its
+    l2norm flag).  Nsight Compute on the tf32 version: bound by the shared-memory staging of the
+    fp32 dot operands, not by the dots."""
+    PER_CHUNK: tl.constexpr = 1 if ONE_PROGRAM else 2
+    if FIXUP:
+        offs = tl.program_id(0) * FLAG_BLOCK + tl.arange(0, FLAG_BLOCK)
+        if tl.max(tl.load(risky + offs, mask=offs < n_flags, other=0), 0) != 0:
+            for j in range(FLAG_BLOCK):
+                pid = tl.program_id(0) * FLAG_BLOCK + j
+                if tl.load(risky + pid, mask=pid < n_flags, other=0) != 0:
+                    which = pid % PER_CHUNK
+                    i_c = (pid // PER_CHUNK) % n_grid
+                    i_bh = pid // (PER_CHUNK * n_grid)
+                    _kda_intra_at(q, k, beta, g_cs, A, Aqk, rstd_k, risky, cu_seqlens, chunk_indices, T, NT,
+                                  i_c, i_bh, which, H, HV, K, BK, BT, BC, IS_VARLEN, True, True, DOT_BF16, PREC,
+                                  UNBOUNDED, ONE_PROGRAM)
+    else:
+        i_c, i_bh, which = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+        flag = risky
+        if FUSE_K:
+            flag = risky + (i_bh * tl.num_programs(0) + i_c) * PER_CHUNK + which
+        _kda_intra_at(q, k, beta, g_cs, A, Aqk, rstd_k, flag, cu_seqlens, chunk_indices, T, NT, i_c, i_bh, which,
+                      H, HV, K, BK, BT, BC, IS_VARLEN, FUSE_K, False, DOT_BF16, PREC, UNBOUNDED, ONE_PROGRAM)
