@@ -21,8 +21,8 @@ state update's key operand.
 import triton
 import triton.language as tl
 
-from .common import (FLAG_BLOCK, L2_EPS, LOG2E, SSQ_BIG, chunk_coords, diag_ssq, l2_rstd, row_rstd, row_sq_sums,
-                     vec_max)
+from .common import (FLAG_BLOCK, L2_EPS, LOG2E, SSQ_BIG, any_flagged, chunk_coords, diag_ssq, flagged, l2_rstd,
+                     row_rstd, row_sq_sums, vec_max)
 
 # KDA, fused_qk: above this sum of squares a raw k row times its e^75 gate factor may overflow fp32
 RAW_K_SSQ_MAX = tl.constexpr(2.0**38)
@@ -736,11 +736,10 @@ def kda_intra_kernel(
     fp32 dot operands, not by the dots."""
     PER_CHUNK: tl.constexpr = 1 if ONE_PROGRAM else 2
     if FIXUP:
-        offs = tl.program_id(0) * FLAG_BLOCK + tl.arange(0, FLAG_BLOCK)
-        if tl.max(tl.load(risky + offs, mask=offs < n_flags, other=0), 0) != 0:
+        if any_flagged(risky, n_flags):
             for j in range(FLAG_BLOCK):
-                pid = tl.program_id(0) * FLAG_BLOCK + j
-                if tl.load(risky + pid, mask=pid < n_flags, other=0) != 0:
+                pid, is_set = flagged(risky, j, n_flags)
+                if is_set:
                     which = pid % PER_CHUNK
                     i_c = (pid // PER_CHUNK) % n_grid
                     i_bh = pid // (PER_CHUNK * n_grid)
