@@ -62,6 +62,23 @@ def test_a_stop_signal_writes_what_was_measured_and_resume_finishes(tmp_path, si
     assert whole and [x for x in done["rows"] if x["shape_id"] in {y["shape_id"] for y in whole}] == whole
 
 
+def test_a_stop_signal_during_the_journal_write_keeps_the_row():
+    """The signal handler raises wherever the main thread is; one that lands while a row is being
+    journaled must not drop that row from the document (the journal is removed once it is written)."""
+    from types import SimpleNamespace
+
+    from gdnbench.cli.run import _run_with_progress
+    from gdnbench.data.journal import Stopped
+
+    def journal_row(row):
+        raise Stopped("SIGTERM")  # as if the signal arrived during the write
+
+    objs = [_row("a", 1), _row("b", 1)]
+    collected, stopped = _run_with_progress(SimpleNamespace(name="s"), 2,
+                                            lambda on_row, on_shape: [on_row(o) for o in objs], journal_row)
+    assert isinstance(stopped, Stopped) and collected == [Row.from_dict(objs[0])]
+
+
 def test_a_killed_run_leaves_its_journal_and_resume_reads_it(tmp_path):
     out = tmp_path / "r.json"
     proc = _start(out, "--backends", "reference", "--no-isolate")

@@ -91,8 +91,10 @@ def _run_with_progress(ss, total: int, go, journal_row):
 
         def on_row(obj: dict):
             row = Row.from_dict(obj)  # the runner's rows are JSON objects
-            journal_row(row)
+            # kept before it is journaled: a stop signal that lands in the journal's write (its fsync) still
+            # finds the row here, where the document is written from, and the journal is dropped after that
             collected.append(row)
+            journal_row(row)
             progress.update(task, advance=1, description=f"{ss.name} {row.shape_id} {row.spec} {row.status}")
 
         def on_shape(shape):
