@@ -390,19 +390,20 @@ def _saver(tmp_path, shape):
     return save
 
 
-def _fill(choice, shape, tmp_path, times):
-    """Save each (kernel, best us) of ``times`` in turn, checking first that ``choice`` names that kernel's
-    entry as the one missing (and does not choose); return the saver."""
+def _fill(choice, off, shape, tmp_path, times):
+    """Save each (kernel, best us) of ``times`` in turn, checking first that ``choice`` answers ``off`` (its
+    "not chosen" value) and names that kernel's entry as the one missing; return the saver."""
     save = _saver(tmp_path, shape)
     for kernel, t in times:
-        assert choice(shape, "flag", ENV, tmp_path) in ((None, f"no tuned {kernel}"), (False, f"no tuned {kernel}"))
+        assert choice(shape, "flag", ENV, tmp_path) == (off, f"no tuned {kernel}")
         save(kernel, t)
     return save
 
 
 def test_in_loop_choice_times_the_loop_against_the_pair_it_replaces(tmp_path):
     shape = _shape()
-    save = _fill(tuned.in_loop_choice, shape, tmp_path, [("fused_out", 300.0), ("state_out", 250.0), ("wu", 100.0)])
+    save = _fill(tuned.in_loop_choice, None, shape, tmp_path, [("fused_out", 300.0), ("state_out", 250.0),
+                                                            ("wu", 100.0)])
     assert tuned.in_loop_choice(shape, "flag", ENV, tmp_path) == ("wu", "fused_out 300.0 us vs state_out + wu 350.0 us")
     assert tuned.in_loop_choice(shape, "explicit", ENV, tmp_path)[0] == "wu"  # the same (plain) kernels
     assert tuned.in_loop_choice(shape, "fused_q", ENV, tmp_path) == (None, "no tuned fused_out")  # its own variants
@@ -439,8 +440,8 @@ def test_kda_one_pass_choice_times_it_against_state_and_output(tmp_path, monkeyp
     from gdnbench.kernels.config import default_config
 
     shape = _kda_shape()
-    save = _fill(tuned.kda_one_pass_choice, shape, tmp_path, [("kda_state_out", 600.0), ("state", 400.0),
-                                                              ("output", 350.0)])
+    save = _fill(tuned.kda_one_pass_choice, False, shape, tmp_path, [("kda_state_out", 600.0), ("state", 400.0),
+                                                                     ("output", 350.0)])
     assert tuned.kda_one_pass_choice(shape, "flag", ENV, tmp_path) == (
         True, "kda_state_out 600.0 us vs state + output 750.0 us")
     assert tuned.kda_one_pass_choice(shape, "fused_q", ENV, tmp_path) == (False, "no tuned kda_state_out")
