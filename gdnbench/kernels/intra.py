@@ -498,8 +498,9 @@ def _column_block(kb, gcb, j: tl.constexpr, p, rows, n, n_valid, o_k, H: tl.cons
     exp2(p - c) on them (p = c's first row in block j).  NORMALIZE: the rows times n on load."""
     r = j * BC + tl.arange(0, BC)
     m = (r < n_valid)[:, None] & (o_k < K)[None, :]
-    nj = tl.sum(tl.where(r[:, None] == rows[None, :], n[None, :], 0.0), 1)
-    kj = _normalized(tl.load(kb + r[:, None] * (H * K) + o_k[None, :], mask=m, other=0.0), nj, NORMALIZE)
+    kj = tl.load(kb + r[:, None] * (H * K) + o_k[None, :], mask=m, other=0.0)
+    if NORMALIZE:  # n at the rows r
+        kj = _normalized(kj, tl.sum(tl.where(r[:, None] == rows[None, :], n[None, :], 0.0), 1), True)
     cj = tl.load(gcb + r[:, None] * (HV * K) + o_k[None, :], mask=m, other=0.0)
     return tl.trans(kj.to(tl.float32) * tl.math.exp2(p[None, :] - cj))
 
@@ -517,8 +518,8 @@ def _kda_grams(qb, kb, gcb, rows, valid, n_valid, n, H: tl.constexpr, HV: tl.con
                NORMALIZE: tl.constexpr, SSQ: tl.constexpr, DOT_BF16: tl.constexpr, PREC: tl.constexpr,
                UNBOUNDED: tl.constexpr):
     """One chunk's gated grams sum_c x_ic k_jc exp2(c_ic - c_jc) for x = k (WANT_K) and / or x = q
-    (WANT_Q; both only for bounded gates) as [BT, BT] dots per K tile, c the per-channel cumsum (g_cs,
-    written by kda_cumsum_kernel).  Returns (ak, aq, ss): the wanted grams' diagonal 16-blocks and the
+    (WANT_Q; both only for bounded gates) as dots per K tile, c the per-channel cumsum (g_cs, written
+    by kda_cumsum_kernel).  Returns (ak, aq, ss): the wanted grams' diagonal 16-blocks and the
     blocks below them (the callers take their causal part), and ss, k's rows' sums of squares (SSQ;
     16-bit storage, whose squares are exact in fp32; fp32 storage takes them from _rows_ssq).
     NORMALIZE: k rows times n on load.  DOT_BF16 (bf16 storage): the gated operands are rounded to bf16,
@@ -530,7 +531,8 @@ def _kda_grams(qb, kb, gcb, rows, valid, n_valid, n, H: tl.constexpr, HV: tl.con
     tokens of growth: e^75 when every g >= -5), formed from two exp2 tiles at each row's own block and
     per-channel block factors exp2(p_a - p_j) <= 1.  Column block j is one [BT, BK] x [BK, BC] dot per
     gram into its own [BT, BC] accumulator (a quarter of the tensor-core work of a [BT, BT] dot on k
-    masked to block j); both grams share k's operands and every exp2.  (A row factor that underflows stands for an entry below 2^-18 of |x| |k|.)
+    masked to block j); both grams share k's operands and every exp2.  (A row factor that underflows
+    stands for an entry below 2^-18 of |x| |k|.)
 
     UNBOUNDED (gates without a lower bound): no factor may exceed 1.  The diagonal blocks are summed
     per entry, exp2(c_i - c_j) with j <= i in the same 16-block (_diagonal_exact); below the diagonal
@@ -638,12 +640,12 @@ def _kda_gram_normed(qb, kb, gcb, rstd_k, risky, tok0, i_h, i_hv, rows, valid, n
     squares taken as the grams read k, stored by the program that forms ak.  Whether a row's sum of
     squares reached RAW_K_SSQ_MAX (a k row of norm >= 2^19, whose e^75 gate factor may have overflowed)
     goes to *risky; the fix-up launch redoes those programs (REDO) on rows normalized on load."""
-    one = tl.full([BT], 1.0, dtype=tl.float32)
     if REDO:
         n = row_rstd(kb, rows, valid, _rows_ssq(kb, rows, valid, K, H * K, BK), K, H * K, BK)
         ak, aq, _ = _kda_grams(qb, kb, gcb, rows, valid, n_valid, n, H, HV, K, BK, BT, BC, WANT_K, WANT_Q,
                                True, False, DOT_BF16, PREC, UNBOUNDED)
     else:
+        one = tl.full([BT], 1.0, dtype=tl.float32)  # (not read: no NORMALIZE)
         ak, aq, ss = _kda_grams(qb, kb, gcb, rows, valid, n_valid, one, H, HV, K, BK, BT, BC, WANT_K, WANT_Q,
                                 False, FUSE_K, DOT_BF16, PREC, UNBOUNDED)
         if FUSE_K:
