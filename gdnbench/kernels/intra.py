@@ -492,27 +492,6 @@ def _diagonal_exact(xr, kb, gcb, c, rows, valid, n_valid, o_k, n, H: tl.constexp
 
 
 @triton.jit
-def _column_block(kb, gcb, j: tl.constexpr, p, rows, n, n_valid, o_k, H: tl.constexpr, HV: tl.constexpr,
-                  K: tl.constexpr, BC: tl.constexpr, NORMALIZE: tl.constexpr):
-    """Column block j of the bounded gated grams' dots, [BK, BC]: k's rows of 16-block j times
-    exp2(p - c) on them (p = c's first row in block j).  NORMALIZE: the rows times n on load."""
-    r = j * BC + tl.arange(0, BC)
-    m = (r < n_valid)[:, None] & (o_k < K)[None, :]
-    kj = tl.load(kb + r[:, None] * (H * K) + o_k[None, :], mask=m, other=0.0)
-    if NORMALIZE:  # n at the rows r
-        kj = _normalized(kj, tl.sum(tl.where(r[:, None] == rows[None, :], n[None, :], 0.0), 1), True)
-    cj = tl.load(gcb + r[:, None] * (HV * K) + o_k[None, :], mask=m, other=0.0)
-    return tl.trans(kj.to(tl.float32) * tl.math.exp2(p[None, :] - cj))
-
-
-@triton.jit
-def _columns(c0, c1, c2, c3):
-    """Four [BT, BC] column blocks side by side: [BT, 4 BC]."""
-    x = tl.join(tl.join(c0, c1), tl.join(c2, c3))  # (i, j, a, b): column block 2b + a
-    return tl.reshape(tl.permute(x, (0, 3, 2, 1)), (x.shape[0], 4 * x.shape[1]))
-
-
-@triton.jit
 def _kda_grams(qb, kb, gcb, rows, valid, n_valid, n, H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr,
                BK: tl.constexpr, BT: tl.constexpr, BC: tl.constexpr, WANT_K: tl.constexpr, WANT_Q: tl.constexpr,
                NORMALIZE: tl.constexpr, SSQ: tl.constexpr, DOT_BF16: tl.constexpr, PREC: tl.constexpr,
@@ -529,10 +508,9 @@ def _kda_grams(qb, kb, gcb, rows, valid, n_valid, n, H: tl.constexpr, HV: tl.con
     bf16, whose exponent range is fp32's): p_b = c's first row in 16-block b.  Column block j, with
     the rows of block j and below: x_i exp2(c_i - p_j) (<= 1) against k_j exp2(p_j - c_j) (at most 15
     tokens of growth: e^75 when every g >= -5), formed from two exp2 tiles at each row's own block and
-    per-channel block factors exp2(p_a - p_j) <= 1.  Column block j is one [BT, BK] x [BK, BC] dot per
-    gram into its own [BT, BC] accumulator (a quarter of the tensor-core work of a [BT, BT] dot on k
-    masked to block j); both grams share k's operands and every exp2.  (A row factor that underflows
-    stands for an entry below 2^-18 of |x| |k|.)
+    per-channel block factors exp2(p_a - p_j) <= 1.  A column block of k is zero outside block j, so the
+    four column blocks, diagonal and below, share one [BT, BT] accumulator, and both grams share k's
+    operands and every exp2.  (A row factor that underflows stands for an entry below 2^-18 of |x| |k|.)
 
     UNBOUNDED (gates without a lower bound): no factor may exceed 1.  The diagonal blocks are summed
     per entry, exp2(c_i - c_j) with j <= i in the same 16-block (_diagonal_exact); below the diagonal
@@ -542,8 +520,6 @@ def _kda_grams(qb, kb, gcb, rows, valid, n_valid, n, H: tl.constexpr, HV: tl.con
     blk = (rows // BC)[:, None]
     ak = tl.zeros([BT, BT], dtype=tl.float32)
     aq, od = ak, ak  # (od: unbounded gates only)
-    a0 = tl.zeros([BT, BC], dtype=tl.float32)  # bounded gates: the grams' column blocks
-    a1, a2, a3, b0, b1, b2, b3 = a0, a0, a0, a0, a0, a0, a0
     ss = tl.zeros([BT], dtype=tl.float32)
     for i_k in range(tl.cdiv(K, BK)):
         o_k = i_k * BK + tl.arange(0, BK)
@@ -579,6 +555,7 @@ def _kda_grams(qb, kb, gcb, rows, valid, n_valid, n, H: tl.constexpr, HV: tl.con
                       tl.trans(tl.where(blk == 1, kc, 0.0)), od, DOT_BF16, PREC)
             od = _dot(tl.where(blk == 3, xl, 0.0), tl.trans(tl.where(blk == 2, kc, 0.0)), od, DOT_BF16, PREC)
         else:
+            kr = kf * tl.math.exp2(pd - c)
             f10 = tl.math.exp2(p1 - p0)[None, :]
             f20 = tl.math.exp2(p2 - p0)[None, :]
             f30 = tl.math.exp2(p3 - p0)[None, :]
@@ -590,27 +567,23 @@ def _kda_grams(qb, kb, gcb, rows, valid, n_valid, n, H: tl.constexpr, HV: tl.con
             r1 = e * tl.where(blk == 0, 0.0, tl.where(blk == 1, 1.0, tl.where(blk == 2, f21, f31)))
             r2 = e * tl.where(blk <= 1, 0.0, tl.where(blk == 2, 1.0, f32))
             r3 = tl.where(blk == 3, e, 0.0)
-            k0 = _column_block(kb, gcb, 0, p0, rows, n, n_valid, o_k, H, HV, K, BC, NORMALIZE)
-            k1 = _column_block(kb, gcb, 1, p1, rows, n, n_valid, o_k, H, HV, K, BC, NORMALIZE)
-            k2 = _column_block(kb, gcb, 2, p2, rows, n, n_valid, o_k, H, HV, K, BC, NORMALIZE)
-            k3 = _column_block(kb, gcb, 3, p3, rows, n, n_valid, o_k, H, HV, K, BC, NORMALIZE)
+            k0, k1 = tl.trans(tl.where(blk == 0, kr, 0.0)), tl.trans(tl.where(blk == 1, kr, 0.0))
+            k2, k3 = tl.trans(tl.where(blk == 2, kr, 0.0)), tl.trans(tl.where(blk == 3, kr, 0.0))
             if WANT_K:
-                a0 = _dot(kf * r0, k0, a0, DOT_BF16, PREC)
-                a1 = _dot(kf * r1, k1, a1, DOT_BF16, PREC)
-                a2 = _dot(kf * r2, k2, a2, DOT_BF16, PREC)
-                a3 = _dot(kf * r3, k3, a3, DOT_BF16, PREC)
+                ak = _dot(kf * r0, k0, ak, DOT_BF16, PREC)
+                ak = _dot(kf * r1, k1, ak, DOT_BF16, PREC)
+                ak = _dot(kf * r2, k2, ak, DOT_BF16, PREC)
+                ak = _dot(kf * r3, k3, ak, DOT_BF16, PREC)
             if WANT_Q:
                 qf = tl.load(qb + rows[:, None] * (H * K) + o_k[None, :], mask=m, other=0.0).to(tl.float32)
-                b0 = _dot(qf * r0, k0, b0, DOT_BF16, PREC)
-                b1 = _dot(qf * r1, k1, b1, DOT_BF16, PREC)
-                b2 = _dot(qf * r2, k2, b2, DOT_BF16, PREC)
-                b3 = _dot(qf * r3, k3, b3, DOT_BF16, PREC)
+                aq = _dot(qf * r0, k0, aq, DOT_BF16, PREC)
+                aq = _dot(qf * r1, k1, aq, DOT_BF16, PREC)
+                aq = _dot(qf * r2, k2, aq, DOT_BF16, PREC)
+                aq = _dot(qf * r3, k3, aq, DOT_BF16, PREC)
     if UNBOUNDED:
         ak = tl.where((blk == (rows // BC)[None, :]), ak, od)
         if not WANT_K:
             aq = ak
-    else:
-        ak, aq = _columns(a0, a1, a2, a3), _columns(b0, b1, b2, b3)
     return ak, aq, ss
 
 
