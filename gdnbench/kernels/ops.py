@@ -548,9 +548,10 @@ def chunk_kda(q, k, v, g, beta, *, scale=None, initial_state=None, output_final_
 
 
 def _unbounded_default(config: GDNConfig) -> GDNConfig:
-    """The default config with kda_intra at 4 warps for the unbounded form: at the bounded form's 2 warps
-    (BK 32) it spills on sm_90 (Triton 3.6, offline, K = V = 128 bf16: 255 registers and 600 B of stack
-    under flag, 760 B under fused_qk); at 4 warps 244 registers, no stack (flag).  Untimed."""
+    """The default config with kda_intra at 4 warps for the unbounded form: at 2 warps (BK 32, 1 stage) it
+    spills on sm_90 (Triton 3.6, offline, K = V = 128 bf16: 255 registers and 600 B of stack under flag,
+    760 B under fused_qk); at 4 warps, BK 16, 3 stages 252 registers and no stack under flag, 8 B under
+    fused_qk (results/offline-sm100/kernel_resources.md).  Untimed."""
     return dataclasses.replace(config, kda_intra=dataclasses.replace(config.kda_intra, num_warps=4))
 
 
