@@ -83,7 +83,7 @@ def test_kda_space_tunes_kda_intra_block_and_prunes_with_gate_tiles():
     space = at_space.build_space("kda_intra", 128, 128, "bfloat16", "kda")
     assert [d for d, _ in space.dims] == ["BK", "num_warps", "num_stages", "maxnreg"]
     assert dict(space.dims)["BK"] == (16, 32, 64, 128)
-    assert space.start == {"BK": 32, "num_warps": 2, "num_stages": 1, "maxnreg": None}  # the KDA default
+    assert space.start == {"BK": 16, "num_warps": 2, "num_stages": 3, "maxnreg": None}  # the KDA default
     big = {"BK": 128, "num_warps": 4, "num_stages": 4, "maxnreg": None}
     assert _smem_estimate("kda_intra", KernelConfig(**big), 128, 128, 2, "kda") > SMEM_LIMIT_BYTES
     assert not space.is_valid(big) and space.is_valid({**big, "num_stages": 3})

@@ -267,9 +267,9 @@ def test_fused_qk_fixups_past_the_first_flag_block(monkeypatch):
     import triton.language as tl
 
     from gdnbench.kernels import ops
-    from gdnbench.kernels import intra, output
+    from gdnbench.kernels import common, intra, output
 
-    for mod in (intra, output):
+    for mod in (common, intra, output):
         monkeypatch.setattr(mod, "FLAG_BLOCK", tl.constexpr(4))
     monkeypatch.setattr(ops, "FLAG_BLOCK", 4)
     q, k, v, g, beta, _ = make_inputs(1, 3 * 64, 2, 2, 16, 16, torch.float32, seed=5)

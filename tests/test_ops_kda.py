@@ -277,6 +277,27 @@ def test_huge_rows_finite():
         assert rel_rms(o, ro) < 1e-4 and rel_rms(fs, rf) < 1e-4, norm
 
 
+@pytest.mark.filterwarnings("ignore:overflow encountered", "ignore:invalid value encountered")
+def test_fused_qk_fixup_past_the_first_flag_block(monkeypatch):
+    """kda_intra's fix-up launch reads its flags FLAG_BLOCK at a time (1024; 4 here, so the interpreter
+    sees several blocks): a k row of 1e7 after 15 tokens of the lowest gate, in the last chunk of the
+    last head (program 5 of 6), is found in the second block and redone on rows normalized on load."""
+    import triton.language as tl
+
+    from gdnbench.kernels import common, intra, ops
+
+    for mod in (common, intra):
+        monkeypatch.setattr(mod, "FLAG_BLOCK", tl.constexpr(4))
+    monkeypatch.setattr(ops, "FLAG_BLOCK", 4)
+    q, k, v, g, beta, _ = make_inputs(1, 3 * 64, 2, 2, 16, 16, torch.float32, seed=5)
+    g[0, 128:144, 1] = -5.0
+    k[0, 143, 1] *= 1e7
+    o, fs = chunk_kda(q, k, v, g, beta, norm="fused_qk", output_final_state=True, lower_bound=-5.0)
+    ro, rf = reference(q, k, v, g, beta)
+    assert torch.isfinite(o).all() and torch.isfinite(fs).all()
+    assert rel_rms(o, ro) < 1e-4 and rel_rms(fs, rf) < 1e-4, (rel_rms(o, ro), rel_rms(fs, rf))
+
+
 # ----------------------------------------------------------------------------- rejections
 @pytest.mark.parametrize("norm", FUSED)
 def test_fused_rejects_grad(norm):

@@ -31,6 +31,20 @@ FLAG_BLOCK = tl.constexpr(1024)  # flags one program of a fix-up launch reads at
 
 
 @triton.jit
+def any_flagged(risky, n_flags):
+    """Whether any of the FLAG_BLOCK int8 flags this fix-up program reads is set (one load for all)."""
+    offs = tl.program_id(0) * FLAG_BLOCK + tl.arange(0, FLAG_BLOCK)
+    return tl.max(tl.load(risky + offs, mask=offs < n_flags, other=0), 0) != 0
+
+
+@triton.jit
+def flagged(risky, j, n_flags):
+    """(pid, set): the program index of this fix-up program's j-th flag and whether the flag is set."""
+    pid = tl.program_id(0) * FLAG_BLOCK + j
+    return pid, tl.load(risky + pid, mask=pid < n_flags, other=0) != 0
+
+
+@triton.jit
 def chunk_coords(i_c, i_b, T, NT, cu_seqlens, chunk_indices, BT: tl.constexpr, IS_VARLEN: tl.constexpr):
     """Locate chunk ``i_c`` (grid index) of batch ``i_b``.
 

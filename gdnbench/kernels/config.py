@@ -99,11 +99,11 @@ class GDNConfig:
     fused_out: KernelConfig = field(default_factory=lambda: KernelConfig(BV=32, num_warps=4, num_stages=3))
     # KDA only: per-channel gate cumsum (g_cs, times log2 e), per (chunk, head, K block)
     kda_cumsum: KernelConfig = field(default_factory=lambda: KernelConfig(BK=64, num_warps=4, num_stages=1))
-    # KDA only: gated K K^T and Q K^T grams from g_cs, (I + A)^-1 solve, per (chunk, head, gram).
-    # H200, kda-legacy6 h96_fixed, this stage alone, with bf16 dot operands: 988 us at 2 warps, 1461 at 4;
-    # the tf32 version was bound by shared-memory staging
-    # (ncu: L1 72 %, 12 % occupancy from 234 registers), not by the dots
-    kda_intra: KernelConfig = field(default_factory=lambda: KernelConfig(BK=32, num_warps=2, num_stages=1))
+    # KDA only: gated K K^T and Q K^T grams from g_cs, (I + A)^-1 solve, per (chunk, head), both grams in one
+    # program for bounded gates.  H200, kda-legacy6, the kernel alone under flag (h96_fixed / h64_fixed): 620.1 /
+    # 426.7 us at BK 16, 2 warps, 3 stages; 952.4 / 645.4 at BK 32, 2 warps, 1 stage; 902.5 / 611.0 at BK 32, 4
+    # warps, 2 stages; 1391.8 / 945.3 at 1 warp (offline sm_90: 880-1096 B of stack)
+    kda_intra: KernelConfig = field(default_factory=lambda: KernelConfig(BK=16, num_warps=2, num_stages=3))
     # KDA only, where one_pass: the state recurrence that also writes o (kernels/state_out_kda.py), per (V block,
     # sequence*head), K in pieces of BK rows as in `state`.  Offline sm_90 (Triton 3.6, bf16 K = V = 128): 163
     # registers and no stack under flag, 234 under fused_q; BV 64 spills under fused_q, 3 stages exceed shared memory

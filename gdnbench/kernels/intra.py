@@ -21,8 +21,8 @@ state update's key operand.
 import triton
 import triton.language as tl
 
-from .common import (FLAG_BLOCK, L2_EPS, LOG2E, SSQ_BIG, chunk_coords, diag_ssq, l2_rstd, row_rstd, row_sq_sums,
-                     vec_max)
+from .common import (FLAG_BLOCK, L2_EPS, LOG2E, SSQ_BIG, any_flagged, chunk_coords, diag_ssq, flagged, l2_rstd,
+                     row_rstd, row_sq_sums, vec_max)
 
 # KDA, fused_qk: above this sum of squares a raw k row times its e^75 gate factor may overflow fp32
 RAW_K_SSQ_MAX = tl.constexpr(2.0**38)
@@ -496,21 +496,21 @@ def _kda_grams(qb, kb, gcb, rows, valid, n_valid, n, H: tl.constexpr, HV: tl.con
                BK: tl.constexpr, BT: tl.constexpr, BC: tl.constexpr, WANT_K: tl.constexpr, WANT_Q: tl.constexpr,
                NORMALIZE: tl.constexpr, SSQ: tl.constexpr, DOT_BF16: tl.constexpr, PREC: tl.constexpr,
                UNBOUNDED: tl.constexpr):
-    """One chunk's gated grams sum_c x_ic k_jc exp2(c_ic - c_jc) for x = k (WANT_K) or x = q (WANT_Q)
-    as [BT, BT] dots per K tile, c the per-channel cumsum (g_cs, written by kda_cumsum_kernel).
-    Returns (d, o, ss): d holds the diagonal 16-blocks, o the blocks below them (other entries are
-    junk), ss the raw k k^T (SSQ; not for fp32 storage, see _rows_ssq), whose diagonal is k's sums of
-    squares.  NORMALIZE: k rows times n
-    on load.  DOT_BF16 (bf16 storage): the gated operands are rounded to bf16, so the dot operands
-    are 16-bit (half the shared-memory staging of tf32 ones).
+    """One chunk's gated grams sum_c x_ic k_jc exp2(c_ic - c_jc) for x = k (WANT_K) and / or x = q
+    (WANT_Q; both only for bounded gates) as dots per K tile, c the per-channel cumsum (g_cs, written
+    by kda_cumsum_kernel).  Returns (ak, aq, ss): the wanted grams' diagonal 16-blocks and the
+    blocks below them (the callers take their causal part), and ss, k's rows' sums of squares (SSQ;
+    16-bit storage, whose squares are exact in fp32; fp32 storage takes them from _rows_ssq).
+    NORMALIZE: k rows times n on load.  DOT_BF16 (bf16 storage): the gated operands are rounded to bf16,
+    so the dot operands are 16-bit (half the shared-memory staging of tf32 ones).
 
     exp2(c_i - c_j) is split at a reference p, a row of c, so that neither factor leaves fp32 (nor
-    bf16, whose exponent range is fp32's): p_b = c's first row in 16-block b.  Diagonal blocks:
-    x_i exp2(c_i - p_b) (<= 1) against k_j exp2(p_b - c_j) (at most 15 tokens of growth: e^75 when
-    every g >= -5).  Blocks below the diagonal, column block j: reference p_(j+1), which gives
-    factors <= 1 on both sides, formed from the same two exp2 tiles times per-channel block factors
-    exp2(p_a - p_b).  A column block of k is zero outside block j, so the three column blocks share
-    one accumulator.
+    bf16, whose exponent range is fp32's): p_b = c's first row in 16-block b.  Column block j, with
+    the rows of block j and below: x_i exp2(c_i - p_j) (<= 1) against k_j exp2(p_j - c_j) (at most 15
+    tokens of growth: e^75 when every g >= -5), formed from two exp2 tiles at each row's own block and
+    per-channel block factors exp2(p_a - p_j) <= 1.  A column block of k is zero outside block j, so the
+    four column blocks, diagonal and below, share one [BT, BT] accumulator, and both grams share k's
+    operands and every exp2.  (A row factor that underflows stands for an entry below 2^-18 of |x| |k|.)
 
     UNBOUNDED (gates without a lower bound): no factor may exceed 1.  The diagonal blocks are summed
     per entry, exp2(c_i - c_j) with j <= i in the same 16-block (_diagonal_exact); below the diagonal
@@ -518,8 +518,9 @@ def _kda_grams(qb, kb, gcb, rows, valid, n_valid, n, H: tl.constexpr, HV: tl.con
     factors are the same products of factors <= 1.  A factor that underflows to 0 stands for an entry
     smaller than it, so below fp32's range."""
     blk = (rows // BC)[:, None]
-    d = tl.zeros([BT, BT], dtype=tl.float32)
-    od, ss = d, d
+    ak = tl.zeros([BT, BT], dtype=tl.float32)
+    aq, od = ak, ak  # (od: unbounded gates only)
+    ss = tl.zeros([BT], dtype=tl.float32)
     for i_k in range(tl.cdiv(K, BK)):
         o_k = i_k * BK + tl.arange(0, BK)
         m = valid[:, None] & (o_k < K)[None, :]
@@ -531,16 +532,16 @@ def _kda_grams(qb, kb, gcb, rows, valid, n_valid, n, H: tl.constexpr, HV: tl.con
         # rows past the chunk's end: c = 0 when loaded, so exp2(c - pd) could overflow; they are zero
         e = tl.where(valid[:, None], tl.math.exp2(c - pd), 0.0)
         kx = _normalized(tl.load(kb + rows[:, None] * (H * K) + o_k[None, :], mask=m, other=0.0), n, NORMALIZE)
+        kf = kx.to(tl.float32)
         if SSQ:
             if PREC != "tf32x3":  # (fp32 storage reads its sums in _k_rstd_full)
-                ss = tl.dot(kx, tl.trans(kx), ss, input_precision=PREC)
-        kf = kx.to(tl.float32)
+                ss += tl.sum(kf * kf, 1)
         if UNBOUNDED:
             xr = kf
             if not WANT_K:
                 xr = tl.load(qb + rows[:, None] * (H * K) + o_k[None, :], mask=m, other=0.0).to(tl.float32)
             xl = xr * e
-            d += _diagonal_exact(xr, kb, gcb, c, rows, valid, n_valid, o_k, n, H, HV, K, BT, BC, NORMALIZE)
+            ak += _diagonal_exact(xr, kb, gcb, c, rows, valid, n_valid, o_k, n, H, HV, K, BT, BC, NORMALIZE)
             # column block j against p_(j+1) (a block past the chunk's end reads p = 0: no valid row meets
             # it, and min(., 0) keeps its factor finite); block 3 has no block below it
             pc = tl.where(blk == 0, p1[None, :], tl.where(blk == 1, p2[None, :], p3[None, :]))
@@ -556,32 +557,46 @@ def _kda_grams(qb, kb, gcb, rows, valid, n_valid, n, H: tl.constexpr, HV: tl.con
         else:
             kr = kf * tl.math.exp2(pd - c)
             f10 = tl.math.exp2(p1 - p0)[None, :]
+            f20 = tl.math.exp2(p2 - p0)[None, :]
+            f30 = tl.math.exp2(p3 - p0)[None, :]
             f21 = tl.math.exp2(p2 - p1)[None, :]
             f31 = tl.math.exp2(p3 - p1)[None, :]
             f32 = tl.math.exp2(p3 - p2)[None, :]
+            # column block j: k_j exp2(p_j - c_j); rows of block j and below: x exp2(c - p_j) = x e r_j
+            r0 = e * tl.where(blk == 0, 1.0, tl.where(blk == 1, f10, tl.where(blk == 2, f20, f30)))
+            r1 = e * tl.where(blk == 0, 0.0, tl.where(blk == 1, 1.0, tl.where(blk == 2, f21, f31)))
+            r2 = e * tl.where(blk <= 1, 0.0, tl.where(blk == 2, 1.0, f32))
+            r3 = tl.where(blk == 3, e, 0.0)
+            k0, k1 = tl.trans(tl.where(blk == 0, kr, 0.0)), tl.trans(tl.where(blk == 1, kr, 0.0))
+            k2, k3 = tl.trans(tl.where(blk == 2, kr, 0.0)), tl.trans(tl.where(blk == 3, kr, 0.0))
             if WANT_K:
-                xl = kf * e
-            else:
-                xl = tl.load(qb + rows[:, None] * (H * K) + o_k[None, :], mask=m, other=0.0).to(tl.float32) * e
-            d = _dot(xl, tl.trans(kr), d, DOT_BF16, PREC)
-            # column block j: k_j exp2(p_(j+1) - c_j); rows below block j: x exp2(c - p_(j+1))
-            od = _dot(xl * tl.where(blk == 0, 0.0, tl.where(blk == 1, 1.0, tl.where(blk == 2, f21, f31))),
-                      tl.trans(tl.where(blk == 0, kr * f10, 0.0)), od, DOT_BF16, PREC)
-            od = _dot(xl * tl.where(blk <= 1, 0.0, tl.where(blk == 2, 1.0, f32)),
-                      tl.trans(tl.where(blk == 1, kr * f21, 0.0)), od, DOT_BF16, PREC)
-            od = _dot(tl.where(blk == 3, xl, 0.0), tl.trans(tl.where(blk == 2, kr * f32, 0.0)), od, DOT_BF16, PREC)
-    return d, od, ss
+                ak = _dot(kf * r0, k0, ak, DOT_BF16, PREC)
+                ak = _dot(kf * r1, k1, ak, DOT_BF16, PREC)
+                ak = _dot(kf * r2, k2, ak, DOT_BF16, PREC)
+                ak = _dot(kf * r3, k3, ak, DOT_BF16, PREC)
+            if WANT_Q:
+                qf = tl.load(qb + rows[:, None] * (H * K) + o_k[None, :], mask=m, other=0.0).to(tl.float32)
+                aq = _dot(qf * r0, k0, aq, DOT_BF16, PREC)
+                aq = _dot(qf * r1, k1, aq, DOT_BF16, PREC)
+                aq = _dot(qf * r2, k2, aq, DOT_BF16, PREC)
+                aq = _dot(qf * r3, k3, aq, DOT_BF16, PREC)
+    if UNBOUNDED:
+        ak = tl.where((blk == (rows // BC)[None, :]), ak, od)
+        if not WANT_K:
+            aq = ak
+    return ak, aq, ss
 
 
 @triton.jit
 def _k_rstd_full(kb, rstd_k, tok0, i_h, i_hv, rows, valid, ss, H: tl.constexpr, HV: tl.constexpr,
                  K: tl.constexpr, BK: tl.constexpr, STORE: tl.constexpr, PREC: tl.constexpr):
-    """k's row rstd from the raw k k^T diagonal (fp32 storage: from k, _rows_ssq; stored to rstd_k by
-    one writer per key head when STORE) and whether a row's sum of squares reached RAW_K_SSQ_MAX."""
+    """k's row rstd from its sums of squares ss, summed where the grams read k (fp32 storage: from k,
+    _rows_ssq; stored to rstd_k by one writer per key head when STORE) and whether a row's sum of
+    squares reached RAW_K_SSQ_MAX (an overflowed square reads inf, so it does)."""
     if PREC == "tf32x3":
         ssq = _rows_ssq(kb, rows, valid, K, H * K, BK)
     else:
-        ssq = diag_ssq(ss, rows, PREC)
+        ssq = ss
     n = row_rstd(kb, rows, valid, ssq, K, H * K, BK)
     if STORE:
         if i_hv % (HV // H) == 0:
@@ -590,51 +605,59 @@ def _k_rstd_full(kb, rstd_k, tok0, i_h, i_hv, rows, valid, ss, H: tl.constexpr, 
 
 
 @triton.jit
-def _kda_gram_normed(qb, kb, gcb, rstd_k, tok0, i_h, i_hv, rows, valid, n_valid, H: tl.constexpr,
+def _kda_gram_normed(qb, kb, gcb, rstd_k, risky, tok0, i_h, i_hv, rows, valid, n_valid, H: tl.constexpr,
                      HV: tl.constexpr, K: tl.constexpr, BK: tl.constexpr, BT: tl.constexpr, BC: tl.constexpr,
-                     X_IS_K: tl.constexpr, FUSE_K: tl.constexpr, DOT_BF16: tl.constexpr, PREC: tl.constexpr,
-                     UNBOUNDED: tl.constexpr):
-    """_kda_grams' (d, o) for x = k (X_IS_K) or q; FUSE_K: in k's normalized basis (rows too when
-    x = k), k's rstd from the raw gram's diagonal, stored by the x = k program."""
-    one = tl.full([BT], 1.0, dtype=tl.float32)
-    d, od, ss = _kda_grams(qb, kb, gcb, rows, valid, n_valid, one, H, HV, K, BK, BT, BC, X_IS_K, not X_IS_K,
-                           False, FUSE_K, DOT_BF16, PREC, UNBOUNDED)
-    if FUSE_K:
-        n, huge = _k_rstd_full(kb, rstd_k, tok0, i_h, i_hv, rows, valid, ss, H, HV, K, BK, X_IS_K, PREC)
-        if huge:
-            # rare: a k row of norm >= 2^19 may have overflowed its e^75 factor; redo the gram on
-            # rows normalized on load
-            d, od, ss = _kda_grams(qb, kb, gcb, rows, valid, n_valid, n, H, HV, K, BK, BT, BC, X_IS_K, not X_IS_K,
-                                   True, False, DOT_BF16, PREC, UNBOUNDED)
-        else:
-            d = d * n[None, :]
-            od = od * n[None, :]
-            if X_IS_K:
-                d = d * n[:, None]
-                od = od * n[:, None]
-    return d, od
+                     WANT_K: tl.constexpr, WANT_Q: tl.constexpr, FUSE_K: tl.constexpr, REDO: tl.constexpr,
+                     DOT_BF16: tl.constexpr, PREC: tl.constexpr, UNBOUNDED: tl.constexpr):
+    """_kda_grams' (ak, aq); FUSE_K: in k's normalized basis (ak's rows too), k's rstd from the sums of
+    squares taken as the grams read k, stored by the program that forms ak.  Whether a row's sum of
+    squares reached RAW_K_SSQ_MAX (a k row of norm >= 2^19, whose e^75 gate factor may have overflowed)
+    goes to *risky; the fix-up launch redoes those programs (REDO) on rows normalized on load."""
+    if REDO:
+        n = row_rstd(kb, rows, valid, _rows_ssq(kb, rows, valid, K, H * K, BK), K, H * K, BK)
+        ak, aq, _ = _kda_grams(qb, kb, gcb, rows, valid, n_valid, n, H, HV, K, BK, BT, BC, WANT_K, WANT_Q,
+                               True, False, DOT_BF16, PREC, UNBOUNDED)
+    else:
+        one = tl.full([BT], 1.0, dtype=tl.float32)  # (not read: no NORMALIZE)
+        ak, aq, ss = _kda_grams(qb, kb, gcb, rows, valid, n_valid, one, H, HV, K, BK, BT, BC, WANT_K, WANT_Q,
+                                False, FUSE_K, DOT_BF16, PREC, UNBOUNDED)
+        if FUSE_K:
+            n, huge = _k_rstd_full(kb, rstd_k, tok0, i_h, i_hv, rows, valid, ss, H, HV, K, BK, WANT_K, PREC)
+            tl.store(risky, huge.to(tl.int8))
+            ak = ak * n[None, :] * n[:, None]
+            aq = aq * n[None, :]
+    return ak, aq
 
 
-@triton.jit(do_not_specialize=["T", "NT"])
-def kda_intra_kernel(
-    q, k, beta, g_cs, A, Aqk, rstd_k, cu_seqlens, chunk_indices, T, NT,
-    H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, BK: tl.constexpr,
-    BT: tl.constexpr, BC: tl.constexpr,
-    IS_VARLEN: tl.constexpr, FUSE_K: tl.constexpr, DOT_BF16: tl.constexpr, PREC: tl.constexpr,
-    UNBOUNDED: tl.constexpr,
-):
-    """Grid (chunks, B*HV, 2), after kda_cumsum_kernel.  KDA's intra-chunk step; program 0 of the last
-    axis: A = (I + L)^-1 with L = strict-lower(beta * gated K K^T) and, with FUSE_K, rstd_k (k's norm
-    is folded into the grams here, where k is first read); program 1: Aqk = lower(gated Q K^T) on q
-    as given (raw under the fused routes, where the output kernel scales each row once at the end).
+@triton.jit
+def _solve_store(ak, beta, A, tok0, i_hv, rows, valid, causal, n_valid, HV: tl.constexpr, BT: tl.constexpr,
+                 BC: tl.constexpr, PREC: tl.constexpr):
+    """A = (I + L)^-1, L = strict-lower(beta * ak), stored in A's dtype."""
+    b = tl.load(beta + (tok0 + rows) * HV + i_hv, mask=valid, other=0.0).to(tl.float32)
+    # where() after the product: entries outside the causal part may be inf or NaN, never selected
+    L = tl.where(causal & ~(rows[:, None] == rows[None, :]) & valid[:, None], ak * b[:, None], 0.0)
+    l00, l10, l11, l20, l21, l22, l30, l31, l32, l33 = _lower_blocks(L, BC)
+    o = tl.arange(0, BC)
+    x00, x10, x11, x20, x21, x22, x30, x31, x32, x33 = _unit_lower_solve(
+        l00, l10, l11, l20, l21, l22, l30, l31, l32, l33, o, BC, PREC)
+    _store_lower(A + tok0 * (HV * BT) + i_hv * BT, o, o + BC, o + 2 * BC, o + 3 * BC,
+                 o < n_valid, o + BC < n_valid, o + 2 * BC < n_valid, o + 3 * BC < n_valid,
+                 x00, x10, x11, x20, x21, x22, x30, x31, x32, x33, HV * BT, o, BC)
 
-    H200, kda-legacy6 h96_fixed, this stage alone: twenty
-    16x16-block dots per K tile 2218 us; [64, 64] dots, both grams in one program 1882 us (4 warps);
-    one gram per program 1795 us (2 warps); + c from a separate cumsum kernel instead of a scan and
-    row reductions here 1480 us; + bf16 dot operands 988 us (FLA's whole forward: 2597 us with its
-    l2norm flag).  Nsight Compute on the tf32 version: bound by the shared-memory staging of the
-    fp32 dot operands, not by the dots."""
-    i_c, i_bh, which = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+
+@triton.jit
+def _store_aqk(aq, Aqk, tok0, i_hv, rows, valid, causal, HV: tl.constexpr, BT: tl.constexpr):
+    """Aqk: aq's causal part (diagonal included), zeros above."""
+    tl.store(Aqk + (tok0 + rows[:, None]) * (HV * BT) + i_hv * BT + rows[None, :],
+             tl.where(causal, aq, 0.0).to(Aqk.dtype.element_ty), mask=valid[:, None])
+
+
+@triton.jit
+def _kda_intra_at(q, k, beta, g_cs, A, Aqk, rstd_k, risky, cu_seqlens, chunk_indices, T, NT, i_c, i_bh, which,
+                  H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, BK: tl.constexpr, BT: tl.constexpr,
+                  BC: tl.constexpr, IS_VARLEN: tl.constexpr, FUSE_K: tl.constexpr, REDO: tl.constexpr,
+                  DOT_BF16: tl.constexpr, PREC: tl.constexpr, UNBOUNDED: tl.constexpr, ONE_PROGRAM: tl.constexpr):
+    """The program (chunk i_c, value head i_bh, gram `which`) of kda_intra_kernel."""
     i_b, i_hv = i_bh // HV, i_bh % HV
     i_h = i_hv // (HV // H)
     tok0, n_valid, i_g = chunk_coords(i_c, i_b, T, NT, cu_seqlens, chunk_indices, BT, IS_VARLEN)
@@ -645,25 +668,63 @@ def kda_intra_kernel(
     kb = k + tok0 * (H * K) + i_h * K
     gcb = g_cs + tok0 * (HV * K) + i_hv * K
     causal = rows[:, None] >= rows[None, :]
-    same = (rows // BC)[:, None] == (rows // BC)[None, :]
-    if which == 0:
-        d, od = _kda_gram_normed(qb, kb, gcb, rstd_k, tok0, i_h, i_hv, rows, valid, n_valid, H, HV, K, BK, BT, BC,
-                                 True, FUSE_K, DOT_BF16, PREC, UNBOUNDED)
-        b = tl.load(beta + (tok0 + rows) * HV + i_hv, mask=valid, other=0.0).to(tl.float32)
-        # where() after the product: entries outside the causal part may be inf or NaN, never selected
-        L = tl.where(causal & ~(rows[:, None] == rows[None, :]) & valid[:, None],
-                     tl.where(same, d, od) * b[:, None], 0.0)
-        l00, l10, l11, l20, l21, l22, l30, l31, l32, l33 = _lower_blocks(L, BC)
-        o = tl.arange(0, BC)
-        x00, x10, x11, x20, x21, x22, x30, x31, x32, x33 = _unit_lower_solve(
-            l00, l10, l11, l20, l21, l22, l30, l31, l32, l33, o, BC, PREC)
-        _store_lower(A + tok0 * (HV * BT) + i_hv * BT, o, o + BC, o + 2 * BC, o + 3 * BC,
-                     o < n_valid, o + BC < n_valid, o + 2 * BC < n_valid, o + 3 * BC < n_valid,
-                     x00, x10, x11, x20, x21, x22, x30, x31, x32, x33, HV * BT, o, BC)
+    if ONE_PROGRAM:
+        ak, aq = _kda_gram_normed(qb, kb, gcb, rstd_k, risky, tok0, i_h, i_hv, rows, valid, n_valid, H, HV, K, BK,
+                                  BT, BC, True, True, FUSE_K, REDO, DOT_BF16, PREC, UNBOUNDED)
+        _solve_store(ak, beta, A, tok0, i_hv, rows, valid, causal, n_valid, HV, BT, BC, PREC)
+        _store_aqk(aq, Aqk, tok0, i_hv, rows, valid, causal, HV, BT)
+    elif which == 0:
+        ak, _ = _kda_gram_normed(qb, kb, gcb, rstd_k, risky, tok0, i_h, i_hv, rows, valid, n_valid, H, HV, K, BK,
+                                 BT, BC, True, False, FUSE_K, REDO, DOT_BF16, PREC, UNBOUNDED)
+        _solve_store(ak, beta, A, tok0, i_hv, rows, valid, causal, n_valid, HV, BT, BC, PREC)
     else:
-        d, od = _kda_gram_normed(qb, kb, gcb, rstd_k, tok0, i_h, i_hv, rows, valid, n_valid, H, HV, K, BK, BT, BC,
-                                 False, FUSE_K, DOT_BF16, PREC, UNBOUNDED)
-        # the causal part (diagonal included), zeros above
-        aqk = tl.where(causal, tl.where(same, d, od), 0.0)
-        tl.store(Aqk + (tok0 + rows[:, None]) * (HV * BT) + i_hv * BT + rows[None, :],
-                 aqk.to(Aqk.dtype.element_ty), mask=valid[:, None])
+        _, aq = _kda_gram_normed(qb, kb, gcb, rstd_k, risky, tok0, i_h, i_hv, rows, valid, n_valid, H, HV, K, BK,
+                                 BT, BC, False, True, FUSE_K, REDO, DOT_BF16, PREC, UNBOUNDED)
+        _store_aqk(aq, Aqk, tok0, i_hv, rows, valid, causal, HV, BT)
+
+
+@triton.jit(do_not_specialize=["T", "NT", "n_grid", "n_flags"])
+def kda_intra_kernel(
+    q, k, beta, g_cs, A, Aqk, rstd_k, risky, cu_seqlens, chunk_indices, T, NT, n_grid, n_flags,
+    H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, BK: tl.constexpr,
+    BT: tl.constexpr, BC: tl.constexpr,
+    IS_VARLEN: tl.constexpr, FUSE_K: tl.constexpr, DOT_BF16: tl.constexpr, PREC: tl.constexpr,
+    UNBOUNDED: tl.constexpr, ONE_PROGRAM: tl.constexpr, FIXUP: tl.constexpr,
+):
+    """Grid (chunks, B*HV, 2), after kda_cumsum_kernel; (chunks, B*HV, 1) with ONE_PROGRAM (bounded gates
+    only), whose program forms both grams from one pass over k and the gates.  KDA's intra-chunk step:
+    A = (I + L)^-1 with L = strict-lower(beta * gated K K^T) and, with FUSE_K, rstd_k (k's norm is folded
+    into the grams here, where k is first read), by program 0 of the last axis; Aqk = lower(gated Q K^T)
+    on q as given (raw under the fused routes, where the output kernel scales each row once at the end),
+    by program 1.
+
+    FUSE_K: every program writes its risky flag (int8, n_flags of them, program (i_c, i_bh, which) at
+    (i_bh * chunks + i_c) * programs per chunk + which).  FIXUP: the second launch, grid
+    cdiv(n_flags, FLAG_BLOCK), whose few programs read FLAG_BLOCK flags at once and redo only the
+    flagged programs, so the main program's body holds one copy of the grams.
+
+    H200, kda-legacy6 h96_fixed, this stage alone: twenty
+    16x16-block dots per K tile 2218 us; [64, 64] dots, both grams in one program 1882 us (4 warps);
+    one gram per program 1795 us (2 warps); + c from a separate cumsum kernel instead of a scan and
+    row reductions here 1480 us; + bf16 dot operands 988 us (FLA's whole forward: 2597 us with its
+    l2norm flag).  Nsight Compute on the tf32 version: bound by the shared-memory staging of the
+    fp32 dot operands, not by the dots."""
+    PER_CHUNK: tl.constexpr = 1 if ONE_PROGRAM else 2
+    if FIXUP:
+        if any_flagged(risky, n_flags):
+            for j in range(FLAG_BLOCK):
+                pid, is_set = flagged(risky, j, n_flags)
+                if is_set:
+                    which = pid % PER_CHUNK
+                    i_c = (pid // PER_CHUNK) % n_grid
+                    i_bh = pid // (PER_CHUNK * n_grid)
+                    _kda_intra_at(q, k, beta, g_cs, A, Aqk, rstd_k, risky, cu_seqlens, chunk_indices, T, NT,
+                                  i_c, i_bh, which, H, HV, K, BK, BT, BC, IS_VARLEN, True, True, DOT_BF16, PREC,
+                                  UNBOUNDED, ONE_PROGRAM)
+    else:
+        i_c, i_bh, which = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+        flag = risky
+        if FUSE_K:
+            flag = risky + (i_bh * tl.num_programs(0) + i_c) * PER_CHUNK + which
+        _kda_intra_at(q, k, beta, g_cs, A, Aqk, rstd_k, flag, cu_seqlens, chunk_indices, T, NT, i_c, i_bh, which,
+                      H, HV, K, BK, BT, BC, IS_VARLEN, FUSE_K, False, DOT_BF16, PREC, UNBOUNDED, ONE_PROGRAM)

@@ -238,7 +238,8 @@ def kda_intra(q, k, g, beta, *, varlen=None, fuse_k=False, raw_q=False, unbounde
     since raw-q grams can leave fp16's range (bf16 and fp32 have fp32's).
 
     ``unbounded``: gates with no lower bound; the grams take the form whose gate factors never exceed 1
-    (kernels/intra.py, _kda_grams), else the bounded form (g >= -5)."""
+    (kernels/intra.py, _kda_grams), else the bounded form (g >= -5).  fuse_k: a second launch (FIXUP)
+    redoes, on k rows normalized on load, the programs with a k row of norm >= 2^19."""
     B, T, H, K = k.shape
     HV = beta.shape[2]
     n_grid, NT = _chunk_grid(B, T, varlen)
@@ -252,11 +253,17 @@ def kda_intra(q, k, g, beta, *, varlen=None, fuse_k=False, raw_q=False, unbounde
             g, g_cs, *_varlen_args(varlen), T, NT, HV=HV, K=K, BK=block(cs.BK, K), BT=CHUNK_SIZE,
             IS_VARLEN=varlen is not None, hooks=on_launch)
     cfg = config.kda_intra
-    _launch(kda_intra_kernel, (n_grid, B * HV, 2), cfg,
-            q, k, beta, g_cs, A, Aqk, rstd_k, *_varlen_args(varlen), T, NT,
-            H=H, HV=HV, K=K, BK=block(cfg.BK, K), BT=CHUNK_SIZE, BC=SUB_CHUNK,
-            IS_VARLEN=varlen is not None, FUSE_K=fuse_k, DOT_BF16=k.dtype == torch.bfloat16,
-            PREC=_precision(k.dtype), UNBOUNDED=unbounded, hooks=on_launch)
+    grid = (n_grid, B * HV, 1 if not unbounded else 2)
+    n_flags = grid[0] * grid[1] * grid[2]
+    risky = torch.empty(n_flags, device=k.device, dtype=torch.int8) if fuse_k else None
+    for fixup in (False, True) if fuse_k else (False,):
+        _launch(kda_intra_kernel, (cdiv(n_flags, FLAG_BLOCK),) if fixup else grid, cfg,
+                q, k, beta, g_cs, A, Aqk, rstd_k, risky, *_varlen_args(varlen), T, NT,
+                *((n_grid, n_flags) if fixup else (None, None)),
+                H=H, HV=HV, K=K, BK=block(cfg.BK, K), BT=CHUNK_SIZE, BC=SUB_CHUNK,
+                IS_VARLEN=varlen is not None, FUSE_K=fuse_k, DOT_BF16=k.dtype == torch.bfloat16,
+                PREC=_precision(k.dtype), UNBOUNDED=unbounded, ONE_PROGRAM=not unbounded, FIXUP=fixup,
+                hooks=None if fixup else on_launch)
     return g_cs, A, Aqk, rstd_k
 
 
@@ -541,9 +548,10 @@ def chunk_kda(q, k, v, g, beta, *, scale=None, initial_state=None, output_final_
 
 
 def _unbounded_default(config: GDNConfig) -> GDNConfig:
-    """The default config with kda_intra at 4 warps for the unbounded form: at the bounded form's 2 warps
-    (BK 32) it spills on sm_90 (Triton 3.6, offline, K = V = 128 bf16: 255 registers and 600 B of stack
-    under flag, 760 B under fused_qk); at 4 warps 244 registers, no stack (flag).  Untimed."""
+    """The default config with kda_intra at 4 warps for the unbounded form: at 2 warps (BK 32, 1 stage) it
+    spills on sm_90 (Triton 3.6, offline, K = V = 128 bf16: 255 registers and 600 B of stack under flag,
+    760 B under fused_qk); at 4 warps, BK 16, 3 stages 252 registers and no stack under flag, 8 B under
+    fused_qk (results/offline-sm100/kernel_resources.md).  Untimed."""
     return dataclasses.replace(config, kda_intra=dataclasses.replace(config.kda_intra, num_warps=4))
 
 

@@ -30,7 +30,7 @@ No k is read: k's norm is already inside Aqk and h.
 import triton
 import triton.language as tl
 
-from .common import FLAG_BLOCK, chunk_coords, diag_ssq, row_rstd, vec_max
+from .common import FLAG_BLOCK, any_flagged, chunk_coords, diag_ssq, flagged, row_rstd, vec_max
 
 # FUSE_K: a program whose |q|max |k|max reaches this runs again in the fix-up launch (k normalized on load)
 RAW_QK_MAX = tl.constexpr(2.0**120)
@@ -196,11 +196,10 @@ def output_kernel(
     32K (H200, gdn-qwen6): each of its programs carries the body's register and shared-memory
     footprint."""
     if FIXUP:
-        offs = tl.program_id(0) * FLAG_BLOCK + tl.arange(0, FLAG_BLOCK)
-        if tl.max(tl.load(risky + offs, mask=offs < n_flags, other=0), 0) != 0:
+        if any_flagged(risky, n_flags):
             for j in range(FLAG_BLOCK):
-                pid = tl.program_id(0) * FLAG_BLOCK + j
-                if tl.load(risky + pid, mask=pid < n_flags, other=0) != 0:
+                pid, is_set = flagged(risky, j, n_flags)
+                if is_set:
                     i_v = pid % tl.cdiv(V, BV)
                     i_c = (pid // tl.cdiv(V, BV)) % NC
                     i_bh = pid // (tl.cdiv(V, BV) * NC)
