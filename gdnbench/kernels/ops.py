@@ -124,6 +124,16 @@ def _launch(kernel, grid, cfg, *args, hooks=None, **kwargs):
         hooks(kernel, compiled)
 
 
+def _launch_fixed_up(kernel, grid, cfg, args, fixup_args, n_flags, fixup: bool, hooks=None, **kwargs):
+    """The main launch over ``grid`` (FIXUP False) and, where ``fixup``, the fix-up launch: FIXUP True, grid
+    cdiv(n_flags, FLAG_BLOCK), each program reading FLAG_BLOCK flags and redoing the flagged programs.
+    ``fixup_args`` follow ``args`` in the fix-up launch only; the main launch passes None for each (an unused
+    argument would change the main PTX).  ``hooks`` see the main launch only."""
+    _launch(kernel, grid, cfg, *args, *(None,) * len(fixup_args), FIXUP=False, hooks=hooks, **kwargs)
+    if fixup:
+        _launch(kernel, (cdiv(n_flags, FLAG_BLOCK),), cfg, *args, *fixup_args, FIXUP=True, **kwargs)
+
+
 def _precision(dtype: torch.dtype) -> str:
     """Precision of the kernels' fp32 x fp32 dots.
 
@@ -217,13 +227,10 @@ def gram_solve(k, g, beta, *, varlen=None, fuse_k=False, config: GDNConfig = DEF
     cfg = config.gram
     n_flags = B * n_grid * H  # (passed to the fix-up only: an unused argument would change the main PTX)
     share = HV > H and n_flags >= GRAM_SHARE_MIN_PROGRAMS
-    for fixup in (False, True) if fuse_k else (False,):
-        grid = (cdiv(n_flags, FLAG_BLOCK),) if fixup else (n_grid, B * (H if share else HV))
-        _launch(gram_solve_kernel, grid, cfg,
-                k, g, beta, g_cs, A, rstd_k, ssq_k, *_varlen_args(varlen), T, NT, n_flags if fixup else None,
-                H=H, HV=HV, K=K, BK=block(cfg.BK, K), BT=CHUNK_SIZE, BC=SUB_CHUNK,
-                IS_VARLEN=varlen is not None, FUSE_K=fuse_k, FIXUP=fixup, PREC=_precision(k.dtype), SHARE=share,
-                hooks=None if fixup else on_launch)
+    _launch_fixed_up(gram_solve_kernel, (n_grid, B * (H if share else HV)), cfg,
+                     (k, g, beta, g_cs, A, rstd_k, ssq_k, *_varlen_args(varlen), T, NT), (n_flags,), n_flags, fuse_k,
+                     H=H, HV=HV, K=K, BK=block(cfg.BK, K), BT=CHUNK_SIZE, BC=SUB_CHUNK, IS_VARLEN=varlen is not None,
+                     FUSE_K=fuse_k, PREC=_precision(k.dtype), SHARE=share, hooks=on_launch)
     return g_cs, A, rstd_k, ssq_k
 
 
@@ -256,14 +263,11 @@ def kda_intra(q, k, g, beta, *, varlen=None, fuse_k=False, raw_q=False, unbounde
     grid = (n_grid, B * HV, 1 if not unbounded else 2)
     n_flags = grid[0] * grid[1] * grid[2]
     risky = torch.empty(n_flags, device=k.device, dtype=torch.int8) if fuse_k else None
-    for fixup in (False, True) if fuse_k else (False,):
-        _launch(kda_intra_kernel, (cdiv(n_flags, FLAG_BLOCK),) if fixup else grid, cfg,
-                q, k, beta, g_cs, A, Aqk, rstd_k, risky, *_varlen_args(varlen), T, NT,
-                *((n_grid, n_flags) if fixup else (None, None)),
-                H=H, HV=HV, K=K, BK=block(cfg.BK, K), BT=CHUNK_SIZE, BC=SUB_CHUNK,
-                IS_VARLEN=varlen is not None, FUSE_K=fuse_k, DOT_BF16=k.dtype == torch.bfloat16,
-                PREC=_precision(k.dtype), UNBOUNDED=unbounded, ONE_PROGRAM=not unbounded, FIXUP=fixup,
-                hooks=None if fixup else on_launch)
+    _launch_fixed_up(kda_intra_kernel, grid, cfg,
+                     (q, k, beta, g_cs, A, Aqk, rstd_k, risky, *_varlen_args(varlen), T, NT), (n_grid, n_flags),
+                     n_flags, fuse_k, H=H, HV=HV, K=K, BK=block(cfg.BK, K), BT=CHUNK_SIZE, BC=SUB_CHUNK,
+                     IS_VARLEN=varlen is not None, FUSE_K=fuse_k, DOT_BF16=k.dtype == torch.bfloat16,
+                     PREC=_precision(k.dtype), UNBOUNDED=unbounded, ONE_PROGRAM=not unbounded, hooks=on_launch)
     return g_cs, A, Aqk, rstd_k
 
 
@@ -336,14 +340,11 @@ def chunk_output(q, k, v_new, h, g_cs, *, scale, rstd_k=None, ssq_k=None, fuse_q
     grid = (cdiv(V, BV), n_grid, B * HV)
     n_flags = grid[0] * grid[1] * grid[2]
     risky = torch.empty(n_flags, device=q.device, dtype=torch.int8) if fuse_k else None
-    for fixup in (False, True) if fuse_k else (False,):
-        _launch(output_kernel, (cdiv(n_flags, FLAG_BLOCK),) if fixup else grid, cfg,
-                q, k, v_new, h, g_cs, rstd_k, ssq_k, aqk, o, risky, *_varlen_args(varlen), float(scale), T, NT,
-                *((n_grid, n_flags) if fixup else (None, None)),
-                H=H, HV=HV, K=K, V=V, BK=block(cfg.BK, K), BV=BV, BT=CHUNK_SIZE,
-                IS_VARLEN=varlen is not None, FUSE_Q=fuse_q, FUSE_K=fuse_k,
-                PER_CHANNEL=g_cs.dim() == 4, FIXUP=fixup, PREC=_precision(q.dtype),
-                hooks=None if fixup else on_launch)
+    _launch_fixed_up(output_kernel, grid, cfg,
+                     (q, k, v_new, h, g_cs, rstd_k, ssq_k, aqk, o, risky, *_varlen_args(varlen), float(scale), T, NT),
+                     (n_grid, n_flags), n_flags, fuse_k, H=H, HV=HV, K=K, V=V, BK=block(cfg.BK, K), BV=BV,
+                     BT=CHUNK_SIZE, IS_VARLEN=varlen is not None, FUSE_Q=fuse_q, FUSE_K=fuse_k,
+                     PER_CHANNEL=g_cs.dim() == 4, PREC=_precision(q.dtype), hooks=on_launch)
     return o
 
 
