@@ -11,6 +11,7 @@ import pytest  # noqa: E402
 import torch  # noqa: E402
 
 from gdnbench.kernels import ops  # noqa: E402
+from gdnbench.kernels.config import split_width  # noqa: E402
 from gdnbench.kernels.ops import GDNConfig, KernelConfig, chunk_gdn, default_config, l2norm  # noqa: E402
 
 from .test_ops_gdn import TOL, check, make_inputs, reference, rel_rms  # noqa: E402
@@ -234,8 +235,43 @@ def test_segments_dense_batch():
     assert rel_rms(o1, o2) < 1e-6 and rel_rms(f1, f2) < 1e-6, (rel_rms(o1, o2), rel_rms(f1, f2))
 
 
+@pytest.mark.parametrize("norm,segments,V,BV", [("flag", 4, 64, 64), ("fused_qk", 8, 64, 64), ("fused_q", 4, 16, 16)])
+def test_split_v_matches_one_segment(norm, segments, V, BV, monkeypatch):
+    """split_v: the heads that would wait split their V slab over the segment programs (32 columns each at BV 64;
+    at BV 16 one program of the four works, the rest idle) and give what one program per sequence gives (bitwise
+    where the split program's slab is the whole slab: the same code); the heads that forget warm up as without
+    split_v.  Packed sequences of 8, 1, 0 and 5 chunks, initial and final states, GVA 3."""
+    cu = torch.tensor([0, 512, 549, 549, 849])
+    q, k, v, _, beta, s0 = make_inputs(1, 849, 1, 3, 32, V, torch.float32, n_seqs=4, h0=True, seed=23)
+    g = _three_gate_heads(849, 23)
+    one, _ = configs(32, V, torch.float32, "wu", fused_out=KernelConfig(BK=16, BV=BV, num_warps=2))
+    cut = dataclasses.replace(one, fused_out=dataclasses.replace(one.fused_out, segments=segments, split_v=True))
+    o1, f1 = check(norm, torch.float32, q, k, v, g, beta, s0, cu, config=one)
+    syncs = []  # the loop's ticket counter and hand-over flags, as the launch left them
+
+    def launch(kernel, grid, args, constexprs, options):
+        out = real_launch(kernel, grid, args, constexprs, options)
+        if kernel is ops.fused_state_out_kernel:
+            syncs.append(args[13])
+        return out
+    real_launch = ops.launch
+    monkeypatch.setattr(ops, "launch", launch)
+    o2, f2 = chunk_gdn(q, k, v, g, beta, initial_state=s0, output_final_state=True, cu_seqlens=cu, norm=norm,
+                       config=cut)
+    assert len(syncs) == 1 and syncs[0][1:].sum() == 0  # no state was handed over: the waiting heads split V
+    assert rel_rms(o1, o2) < 1e-6 and rel_rms(f1, f2) < 1e-6, (rel_rms(o1, o2), rel_rms(f1, f2))
+    for head in (1, 2):  # g = 0 and -0.01 per token: both wait somewhere, so both are split
+        assert rel_rms(o1[..., head, :], o2[..., head, :]) < 1e-6 and rel_rms(f1[:, head], f2[:, head]) < 1e-6
+        if split_width(BV, segments) == BV:
+            assert torch.equal(o1[..., head, :], o2[..., head, :]) and torch.equal(f1[:, head], f2[:, head])
+
+
 def test_segments_refused_elsewhere():
     with pytest.raises(ValueError, match="fused_out.segments=3 must be one of"):
         ops.validate(GDNConfig(in_loop="wu", fused_out=KernelConfig(BV=32, segments=3)), 128, 128)
     with pytest.raises(ValueError, match="state_out.segments=2: only fused_out"):
         ops.validate(GDNConfig(state_out=KernelConfig(BV=32, segments=2)), 128, 128)
+    with pytest.raises(ValueError, match="fused_out.split_v=True: only fused_out in 4 or 8 segments"):
+        ops.validate(GDNConfig(in_loop="wu", fused_out=KernelConfig(BV=32, segments=2, split_v=True)), 128, 128)
+    with pytest.raises(ValueError, match="state_out.split_v=True: only fused_out in 4 or 8 segments"):
+        ops.validate(GDNConfig(state_out=KernelConfig(BV=32, split_v=True)), 128, 128)

@@ -50,7 +50,7 @@ def dimensions(kernel: str, K: int, V: int) -> list[tuple[str, tuple]]:
     blocks = {"gram": ("BK",), "kda_intra": ("BK",), "wu": ("BK", "BV"), "state": ("BK", "BV"), "output": ("BK", "BV"),
               "output_fused": ("BK", "BV"), "aqk": ("BK",), "state_out": ("BK", "BV"), "fused_out": ("BK", "BV"),
               "kda_state_out": ("BK", "BV")}[kernel]
-    segs = [("segments", SEGMENTS)] if kernel == "fused_out" else []
+    segs = [("segments", SEGMENTS), ("split_v", (False, True))] if kernel == "fused_out" else []
     return [(b, _blocks_for(K if b == "BK" else V)) for b in blocks] + segs + tail
 
 

@@ -47,6 +47,9 @@ class KernelConfig:
     # fused_out only: segments each sequence's chunks are cut into, one program per segment (context parallelism,
     # kernels/fused_fwd.py); exact to 2^-32 for unit-norm k rows, which every route gives the loop
     segments: int = 1
+    # fused_out in 4 or 8 segments only: a head one of whose segments would wait for its predecessor's state splits its
+    # V slab over the segment programs instead (split_width columns each), each walking the whole sequence
+    split_v: bool = False
 
 
 @dataclass(frozen=True)
@@ -127,6 +130,12 @@ def next_pow2(n: int) -> int:
 def block(b: int, dim: int) -> int:
     """The block size a kernel actually uses for a dimension of size ``dim``."""
     return min(b, next_pow2(dim))
+
+
+def split_width(BV: int, segments: int) -> int:
+    """Columns per program of a V-split head (KernelConfig.split_v): the V slab shared by the segment programs,
+    at least 32 (the width measured in results/nvidia-h200/segments_vsplit_probe.md), at most the slab."""
+    return min(BV, max(BV // segments, 32))
 
 
 def state_piece(c: KernelConfig, K: int) -> int:
@@ -272,6 +281,9 @@ def _check(config: GDNConfig, K: int, V: int, dtype_bytes: int, family: str) -> 
             raise ValueError(f"config.{name}.segments={c.segments}: only fused_out cuts sequences in segments")
         if name == "fused_out" and c.segments not in SEGMENTS:
             raise ValueError(f"config.fused_out.segments={c.segments!r} must be one of {SEGMENTS}")
+        if name != "l2norm" and c.split_v and (name != "fused_out" or c.segments < 4):
+            # in two segments none waits (the second one's warm-up reaches back to the sequence start)
+            raise ValueError(f"config.{name}.split_v=True: only fused_out in 4 or 8 segments splits V")
         if name == "l2norm" and (c.BR < 1 or c.BR & (c.BR - 1)):
             raise ValueError(f"config.l2norm.BR={c.BR} must be a power of two")
         if c.num_warps not in _WARPS:

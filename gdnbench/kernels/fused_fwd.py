@@ -42,6 +42,11 @@ programs of 512 chunks each on 132 SMs at BV 64).  A segment needs the state ent
   serial as one program per sequence for those heads.  Programs take tickets from an atomic counter and
   decode their (sequence, segment, head, V slab) from it, so the one a program waits for started earlier:
   no deadlock whatever order the hardware starts programs in.
+- V-split (``split_v``): a head one of whose segments would wait is not cut along the sequence at all; its
+  segment programs of a V slab take split_width columns each (those past the slab idle) and each walks the
+  whole sequence from the initial state: exact, no program waits, and the head keeps the parallelism of the
+  segments at narrower slabs (H200, HV32 8K long-memory gates, BV 64, 4 segments: 418.8 us handing over,
+  332.7 split; results/nvidia-h200/segments_vsplit_probe.md).
 
 H200, this kernel alone, explicit route, BV 64, 64-row pieces, 2 stages: HV32 8K 399.6 us as one segment,
 137.1 in four on strong gates, 414.2 on long-memory gates (its never-forgetting heads wait and run in series
@@ -205,39 +210,25 @@ def _handed_pieces(ptr, o_v, K: tl.constexpr, V: tl.constexpr, BV: tl.constexpr,
     return b_h1, b_h2, b_h3, b_h4
 
 
-@triton.jit(do_not_specialize=["T"])
-def fused_state_out_kernel(
-    q, k, v, beta, g_cs, A, rstd_k, aqk, c_q, o, h0, ht, cu_seqlens, sync, hand, scale, T,
-    H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BV: tl.constexpr, BT: tl.constexpr,
-    IS_VARLEN: tl.constexpr, USE_H0: tl.constexpr, STORE_HT: tl.constexpr, FUSE_Q: tl.constexpr,
-    FUSE_K: tl.constexpr, IN_LOOP_AQK: tl.constexpr, PREC: tl.constexpr, PIECE: tl.constexpr,
-    SEG: tl.constexpr, THRESH: tl.constexpr,
-):
-    """SEG 1: grid (cdiv(V, BV), N*HV).  o like v; h0/ht [N, HV, K, V] fp32; A [B,T,HV,64] from gram_solve; aqk
-    and c_q from aqk_kernel unless IN_LOOP_AQK (then unused, and FUSE_Q is not allowed); rstd_k [B,T,H] fp32
-    under FUSE_K.  PIECE rows per state piece, K <= 4 PIECE (as the state kernel).
+@triton.jit
+def _head_waits(gl, n_chunks, per_seg, stride, THRESH: tl.constexpr, SEG: tl.constexpr):
+    """1 where one of the head's segments would wait for its predecessor's state (the test each makes)."""
+    waits = n_chunks * 0
+    for i_s in tl.static_range(1, SEG):
+        c0 = tl.minimum(i_s * per_seg, n_chunks)
+        w0 = _warm_start(gl, c0, per_seg, stride, THRESH, 64)
+        waits = tl.where((w0 < 0) & (c0 < n_chunks), 1, waits)
+    return waits
 
-    SEG > 1 (context parallelism, module docstring): grid (N*SEG*HV*cdiv(V, BV),); sync int32 zeros, one
-    ticket counter then a flag per program; hand fp32 [N*SEG*HV, K, V], the states handed between segments."""
-    NV: tl.constexpr = (V + BV - 1) // BV
-    if SEG == 1:
-        i_v, i_nh = tl.program_id(0), tl.program_id(1)
-        i_n, i_hv = i_nh // HV, i_nh % HV
-        i_s = 0
-        t = 0
-    else:
-        # tickets in start order: the program a segment waits for took a lower ticket, so it runs
-        t = tl.atomic_add(sync, 1)
-        i_v = t % NV
-        i_hv = (t // NV) % HV
-        i_s = (t // (NV * HV)) % SEG
-        i_n = t // (NV * HV * SEG)
-        i_nh = i_n * HV + i_hv
-    i_h = i_hv // (HV // H)
-    bos, seq_len = _sequence_span(cu_seqlens, i_n, T, IS_VARLEN)
-    n_chunks = tl.cdiv(seq_len, BT)
 
-    o_v = i_v * BV + tl.arange(0, BV)
+@triton.jit
+def _walk(q, k, v, beta, g_cs, A, rstd_k, aqk, c_q, o, h0, ht, sync, hand, scale, t, i_s, i_h, i_hv, i_nh, bos,
+          seq_len, n_chunks, o_v, H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
+          BV: tl.constexpr, NV: tl.constexpr, BT: tl.constexpr, USE_H0: tl.constexpr, STORE_HT: tl.constexpr,
+          FUSE_Q: tl.constexpr, FUSE_K: tl.constexpr, IN_LOOP_AQK: tl.constexpr, PREC: tl.constexpr,
+          PIECE: tl.constexpr, SEG: tl.constexpr, THRESH: tl.constexpr):
+    """One program's walk over its V slab o_v (BV wide): SEG 1 the whole sequence, else segment i_s of SEG
+    (warm-up or hand-over first, module docstring)."""
     m_v = o_v < V
     b_h1, b_h2, b_h3, b_h4 = _initial_pieces(h0, i_nh, o_v, K, V, BV, PIECE, USE_H0)
     rows = tl.arange(0, BT)
@@ -277,3 +268,54 @@ def fused_state_out_kernel(
     if STORE_HT:
         if (c1 == n_chunks) & ((c0 < c1) | (i_s == 0)):  # the sequence's last segment
             _store_pieces(ht + i_nh.to(tl.int64) * K * V, b_h1, b_h2, b_h3, b_h4, o_v, K, V, PIECE)
+
+
+@triton.jit(do_not_specialize=["T"])
+def fused_state_out_kernel(
+    q, k, v, beta, g_cs, A, rstd_k, aqk, c_q, o, h0, ht, cu_seqlens, sync, hand, scale, T,
+    H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BV: tl.constexpr, BT: tl.constexpr,
+    IS_VARLEN: tl.constexpr, USE_H0: tl.constexpr, STORE_HT: tl.constexpr, FUSE_Q: tl.constexpr,
+    FUSE_K: tl.constexpr, IN_LOOP_AQK: tl.constexpr, PREC: tl.constexpr, PIECE: tl.constexpr,
+    SEG: tl.constexpr, THRESH: tl.constexpr, SPLIT_V: tl.constexpr, BVS: tl.constexpr,
+):
+    """SEG 1: grid (cdiv(V, BV), N*HV).  o like v; h0/ht [N, HV, K, V] fp32; A [B,T,HV,64] from gram_solve; aqk
+    and c_q from aqk_kernel unless IN_LOOP_AQK (then unused, and FUSE_Q is not allowed); rstd_k [B,T,H] fp32
+    under FUSE_K.  PIECE rows per state piece, K <= 4 PIECE (as the state kernel).
+
+    SEG > 1 (context parallelism, module docstring): grid (N*SEG*HV*cdiv(V, BV),); sync int32 zeros, one
+    ticket counter then a flag per program; hand fp32 [N*SEG*HV, K, V], the states handed between segments.
+    SPLIT_V (SEG >= 4): a head one of whose segments would wait is not cut along the sequence; its SEG programs
+    of a V slab take BVS columns each (those past BV idle) and walk the whole sequence."""
+    NV: tl.constexpr = (V + BV - 1) // BV
+    if SEG == 1:
+        i_v, i_nh = tl.program_id(0), tl.program_id(1)
+        i_n, i_hv = i_nh // HV, i_nh % HV
+        i_s = 0
+        t = 0
+    else:
+        # tickets in start order: the program a segment waits for took a lower ticket, so it runs
+        t = tl.atomic_add(sync, 1)
+        i_v = t % NV
+        i_hv = (t // NV) % HV
+        i_s = (t // (NV * HV)) % SEG
+        i_n = t // (NV * HV * SEG)
+        i_nh = i_n * HV + i_hv
+    i_h = i_hv // (HV // H)
+    bos, seq_len = _sequence_span(cu_seqlens, i_n, T, IS_VARLEN)
+    n_chunks = tl.cdiv(seq_len, BT)
+    o_v = i_v * BV + tl.arange(0, BV)
+    if SPLIT_V:
+        gl = g_cs + (bos + BT - 1) * HV + i_hv
+        if _head_waits(gl, n_chunks, tl.cdiv(n_chunks, SEG), BT * HV, THRESH, SEG) > 0:
+            if i_s * BVS < BV:
+                _walk(q, k, v, beta, g_cs, A, rstd_k, aqk, c_q, o, h0, ht, sync, hand, scale, t, i_s * 0, i_h, i_hv,
+                      i_nh, bos, seq_len, n_chunks, i_v * BV + i_s * BVS + tl.arange(0, BVS), H, HV, K, V, BVS, NV,
+                      BT, USE_H0, STORE_HT, FUSE_Q, FUSE_K, IN_LOOP_AQK, PREC, PIECE, 1, THRESH)
+        else:
+            _walk(q, k, v, beta, g_cs, A, rstd_k, aqk, c_q, o, h0, ht, sync, hand, scale, t, i_s, i_h, i_hv,
+                  i_nh, bos, seq_len, n_chunks, o_v, H, HV, K, V, BV, NV, BT, USE_H0, STORE_HT, FUSE_Q, FUSE_K,
+                  IN_LOOP_AQK, PREC, PIECE, SEG, THRESH)
+    else:
+        _walk(q, k, v, beta, g_cs, A, rstd_k, aqk, c_q, o, h0, ht, sync, hand, scale, t, i_s, i_h, i_hv, i_nh,
+              bos, seq_len, n_chunks, o_v, H, HV, K, V, BV, NV, BT, USE_H0, STORE_HT, FUSE_Q, FUSE_K, IN_LOOP_AQK,
+              PREC, PIECE, SEG, THRESH)

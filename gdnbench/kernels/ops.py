@@ -65,6 +65,7 @@ from .config import (
     cdiv,
     default_config,
     next_pow2,
+    split_width,
     state_piece,
     validate,
 )
@@ -436,7 +437,8 @@ def state_output_in_loop(q, k, v, beta, g_cs, A, aqk=None, c_q=None, rstd_k=None
     w h and u computed in the loop from :func:`gram_solve`'s A (no :func:`recompute_wu`), and q k^T too
     where ``aqk`` is None (no :func:`chunk_aqk`; q as given: norm none / flag).  ``rstd_k``: fused_qk's
     k rstd from gram_solve (k is raw); ``c_q``: fused_q's from chunk_aqk (kernels/fused_fwd.py).
-    ``config.fused_out.segments`` > 1 cuts each sequence into that many programs (k's rows must be unit-norm)."""
+    ``config.fused_out.segments`` > 1 cuts each sequence into that many programs (k's rows must be unit-norm);
+    ``split_v`` gives a head that would wait for a segment's state those programs' V columns instead."""
     B, T, H, K = k.shape
     HV, V = v.shape[2], v.shape[3]
     N = varlen.num_seqs if varlen is not None else B
@@ -456,7 +458,8 @@ def state_output_in_loop(q, k, v, beta, g_cs, A, aqk=None, c_q=None, rstd_k=None
             H=H, HV=HV, K=K, V=V, BV=BV, BT=CHUNK_SIZE, IS_VARLEN=varlen is not None,
             USE_H0=initial_state is not None, STORE_HT=output_final_state, FUSE_Q=c_q is not None,
             FUSE_K=rstd_k is not None, IN_LOOP_AQK=aqk is None, PREC=_precision(k.dtype), PIECE=state_piece(cfg, K),
-            SEG=seg, THRESH=WARM_UP_LOG2, hooks=on_launch)
+            SEG=seg, THRESH=WARM_UP_LOG2, SPLIT_V=cfg.split_v, BVS=split_width(BV, seg) if cfg.split_v else BV,
+            hooks=on_launch)
     return o, ht
 
 
