@@ -51,11 +51,25 @@ def fake_qla(monkeypatch):
         lens = [k.shape[1]] if cu is None else [int(b - a) for a, b in zip(cu[:-1], cu[1:])]
         return FakeContext(cu, 4 * len(lens) if auto_cp and max(lens) >= 16384 else None)
 
+    def l2norm_fwd(x):
+        calls.append(dict(norm_rows=x.shape[0], dtype=x.dtype))
+        rstd = x.float().pow(2).sum(-1, keepdim=True).add(1e-6).rsqrt()
+        return (x * rstd).to(x.dtype), rstd
+
+    def l2norm_bwd(y, rstd, dy):
+        calls.append(dict(norm_bwd_rows=y.shape[0]))
+        return dy
+
     pkg = types.ModuleType("flash_qla")
     pkg.chunk_gated_delta_rule = chunk_gated_delta_rule
+    utils = types.ModuleType("flash_qla.utils")
+    utils.l2norm_fwd, utils.l2norm_bwd = l2norm_fwd, l2norm_bwd
     chunk = types.ModuleType("flash_qla.ops.gated_delta_rule.chunk")
     chunk._auto_intra_cp_context = auto_ctx
     monkeypatch.setitem(sys.modules, "flash_qla", pkg)
+    monkeypatch.setitem(sys.modules, "flash_qla.utils", utils)
+    monkeypatch.setattr(fq, "PRIME_ROWS", 4096)  # FlashQLA's is 524288; the CPU needs no more to see it done
+    monkeypatch.setattr(fq, "_primed", set())
     monkeypatch.setitem(sys.modules, "flash_qla.ops.gated_delta_rule.chunk", chunk)
     monkeypatch.setattr(fq, "dist_version", lambda name: "0.1.3")
     monkeypatch.setattr(fq, "fla_version", lambda: "0.6.0")
@@ -110,6 +124,21 @@ def test_flashqla_passes_the_gate_through_the_fake(fake_qla, sid, route):
     assert call["h0"] is inp.initial_state
     verdict = judge(build_oracle(shape, inp, shape), o, s)
     assert verdict.passed, verdict.reason
+
+
+def test_flashqla_primes_its_norm_pass_once_before_the_flag_route(fake_qla):
+    """The first flag call of a process runs FlashQLA's compiled l2norm on PRIME_ROWS rows first (Inductor keeps
+    the launch config of its first call), once per dtype; explicit (q, k normalized by the caller) does not."""
+    shape = _bf16_128(SMOKE["gdn_fixed_b2"])
+    inp = make_inputs(shape)
+    b = get("flashqla")
+    b.prepare(shape, "explicit", inp)()
+    assert not [c for c in fake_qla if "norm_rows" in c]
+    b.prepare(shape, "flag", inp)()
+    b.prepare(shape, "flag", inp)()
+    primes = [c for c in fake_qla if "norm_rows" in c]
+    assert primes == [dict(norm_rows=4096, dtype=inp.q.dtype)]
+    assert not [c for c in fake_qla if "norm_bwd_rows" in c]  # no backward in a forward run
 
 
 def test_flashqla_records_the_cp_decision(fake_qla):
