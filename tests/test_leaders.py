@@ -139,6 +139,11 @@ def test_flashqla_primes_its_norm_pass_once_before_the_flag_route(fake_qla):
     primes = [c for c in fake_qla if "norm_rows" in c]
     assert primes == [dict(norm_rows=4096, dtype=inp.q.dtype)]
     assert not [c for c in fake_qla if "norm_bwd_rows" in c]  # no backward in a forward run
+    # a training step's leaves require grad: the backward pass is primed too, once
+    leaves = dataclasses.replace(inp, q=inp.q.detach().clone().requires_grad_())
+    b.kernel(shape, leaves, True)
+    b.kernel(shape, leaves, True)
+    assert [c for c in fake_qla if "norm_bwd_rows" in c] == [dict(norm_bwd_rows=4096)]
 
 
 def test_flashqla_records_the_cp_decision(fake_qla):

@@ -241,7 +241,7 @@ def in_loop_choice(shape, route: str, env: dict | None, cache_dir: Path | None =
     """(form, why): ``"wu"`` where the autotuner timed the in-loop form's loop (fused_out: no w/u kernel) below
     the state_out + wu pair it replaces, for this shape key and route; else None. GDN only; needs all three
     entries current on this machine. H200 searches, gdn-qwen6, plain variant, the loop in segments timed as
-    the geometric mean over both gate regimes: it wins on all five searched shapes (HV32 8K 238.9 against
+    the geometric mean over both gate regimes: it wins on all five searched shapes (HV32 8K 221.9 against
     188.3 + 78.0 us, HV64 336.4 against 245.6 + 146.4, HV48 210.9 against 199.4 + 114.4; docs/design.md)."""
     if shape.family != "gdn" or env is None or os.environ.get(DISABLE_ENV, "1") == "0":
         return None, ""
