@@ -60,6 +60,12 @@ def _gdnbench_fusedwu_aqk(options: BackendOptions):
     return GdnbenchFusedWuAqkBackend()
 
 
+def _gdnbench_kda16(options: BackendOptions):
+    from .gdnbench_kda16 import GdnbenchKda16Backend
+
+    return GdnbenchKda16Backend()
+
+
 def _helion(options: BackendOptions):
     from .helion import HelionBackend
 
@@ -83,6 +89,7 @@ REGISTRY = {
     "gdnbench-default": _gdnbench_default,
     "gdnbench-fusedwu": _gdnbench_fusedwu,
     "gdnbench-fusedwu-aqk": _gdnbench_fusedwu_aqk,
+    "gdnbench-kda16": _gdnbench_kda16,
     "fla": _fla,
     "fla-safe-gate": _fla_safe_gate,
     "fla-dispatch": _fla_dispatch,

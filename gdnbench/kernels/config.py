@@ -111,6 +111,12 @@ class GDNConfig:
     # sequence*head), K in pieces of BK rows as in `state`.  Offline sm_90 (Triton 3.6, bf16 K = V = 128): 163
     # registers and no stack under flag, 234 under fused_q; BV 64 spills under fused_q, 3 stages exceed shared memory
     kda_state_out: KernelConfig = field(default_factory=lambda: KernelConfig(BK=64, BV=32, num_warps=4, num_stages=2))
+    # KDA, opt-in (kernels/kda16.py): FlashKDA's decomposition in 16-token tiles, a prepare kernel per (tile, head)
+    # and one loop per (V block, sequence*head) that forms u and o itself; bounded gates only (lower_bound).
+    # Untimed on the GPU: correct under the interpreter, off by default until measured
+    kda_chunk16: bool = False
+    kda16_prep: KernelConfig = field(default_factory=lambda: KernelConfig(num_warps=4, num_stages=1))
+    kda16_loop: KernelConfig = field(default_factory=lambda: KernelConfig(BV=32, num_warps=4, num_stages=2))
 
 
 DEFAULT_CONFIG = GDNConfig()
@@ -201,6 +207,12 @@ def _smem_estimate(name: str, c, K: int, V: int, elt: int, family: str = "gdn") 
     if name in ("output", "output_fused"):
         bk, bv = block(c.BK, K), block(c.BV, V)
         return st * (2 * BT * bk + bk * bv) * elt + st * BT * bk * gate + BT * bv * elt + BT * BT * elt
+    if name == "kda16_prep":  # [16, K] tiles of q, k, the gates and their products, no pipelining
+        return 6 * SUB_CHUNK * next_pow2(K) * 4
+    if name == "kda16_loop":  # per stage the step's q_d, k_d, k_r, INV, M and v tiles, and the state's staging
+        bv = block(c.BV, V)
+        per_stage = 3 * SUB_CHUNK * next_pow2(K) * elt + 2 * SUB_CHUNK * SUB_CHUNK * elt + SUB_CHUNK * bv * 4
+        return st * per_stage + next_pow2(K) * bv * elt
     raise KeyError(name)
 
 
@@ -261,6 +273,10 @@ def _check(config: GDNConfig, K: int, V: int, dtype_bytes: int, family: str) -> 
         del needs["aqk"], needs["state_out"], needs["fused_out"]
     if family != "kda" or not config.one_pass:
         del needs["kda_state_out"]  # KDA's one pass runs it; elsewhere it is not launched
+    if config.kda_chunk16:
+        if family != "kda":
+            raise ValueError("config.kda_chunk16=True is a KDA form (per-channel gates)")
+        needs = {"l2norm": (), "kda16_prep": (), "kda16_loop": ("BV",)}
     if config.in_loop and config.one_pass is False:
         raise ValueError(f"config.in_loop={config.in_loop!r} is a one-pass form: one_pass=False contradicts it")
     for name, blocks in needs.items():

@@ -70,6 +70,7 @@ from .config import (
     validate,
 )
 from .fused_fwd import WARM_UP_LOG2, fused_state_out_kernel
+from .kda16 import kda16_loop_kernel, kda16_prep_kernel
 from .intra import gram_solve_kernel, kda_cumsum_kernel, kda_intra_kernel, wu_kernel
 from .launch import launch
 from .output import output_kernel
@@ -463,6 +464,35 @@ def state_output_in_loop(q, k, v, beta, g_cs, A, aqk=None, c_q=None, rstd_k=None
     return o, ht
 
 
+def kda_chunk16(q, k, v, g, beta, *, scale, initial_state=None, output_final_state=False, norm_q=False,
+                norm_k=False, varlen=None, config: GDNConfig = DEFAULT_CONFIG, on_launch=None):
+    """KDA's forward in 16-token tiles (``config.kda_chunk16``, kernels/kda16.py): (o, final_state).  Bounded gates
+    (g >= -5); ``norm_q`` / ``norm_k``: q's / k's rows are raw and normalized in the prepare kernel."""
+    B, T, H, K = k.shape
+    HV, V = v.shape[2], v.shape[3]
+    N = varlen.num_seqs if varlen is not None else B
+    n_chunks, NT = _chunk_grid(B, T, varlen)
+    qd, kd, kr = (torch.empty(B, T, HV, K, device=k.device, dtype=k.dtype) for _ in range(3))
+    inv, mqk = (torch.empty(n_chunks * B * 4 if varlen is None else n_chunks * 4, HV, 16, 16, device=k.device,
+                            dtype=k.dtype) for _ in range(2))
+    dec = torch.empty(inv.shape[0], HV, K, device=k.device, dtype=torch.float32)
+    cu = None if varlen is None else varlen.cu_seqlens
+    BK = next_pow2(K)
+    _launch(kda16_prep_kernel, (n_chunks, B * HV, 4), config.kda16_prep,
+            q, k, g, beta, qd, kd, kr, inv, mqk, dec, cu, None if varlen is None else varlen.chunk_indices, T, NT,
+            float(scale), H=H, HV=HV, K=K, BK=BK, IS_VARLEN=varlen is not None, NORM_Q=norm_q, NORM_K=norm_k,
+            PREC=_precision(k.dtype), hooks=on_launch)
+    o = torch.empty_like(v)
+    ht = _final_state(N, HV, K, V, k.device, output_final_state)
+    cfg = config.kda16_loop
+    BV = block(cfg.BV, V)
+    _launch(kda16_loop_kernel, (cdiv(V, BV), N * HV), cfg,
+            qd, kd, kr, v, inv, mqk, dec, o, initial_state, ht, cu, None if varlen is None else varlen.chunk_offsets,
+            T, NT, HV=HV, K=K, BK=BK, V=V, BV=BV, IS_VARLEN=varlen is not None, USE_H0=initial_state is not None,
+            STORE_HT=output_final_state, PREC=_precision(k.dtype), hooks=on_launch)
+    return o, ht
+
+
 def _in_loop_forward(q, k, v, beta, g_cs, A, rstd_k, fuse_q, scale, initial_state, output_final_state, run):
     """GDN's forward after gram_solve under ``config.in_loop``: chunk_aqk unless "wu_aqk", then the loop.
     ``run``: every stage's varlen, config and on_launch."""
@@ -593,6 +623,12 @@ def _forward(q, k, v, g, beta, scale, initial_state, output_final_state, cu_seql
     fuse_k, fuse_q = norm == "fused_qk", norm in ("fused_q", "fused_qk")
     run = dict(varlen=varlen, config=config, on_launch=on_launch)  # every stage's
 
+    if per_channel and config.kda_chunk16:
+        if unbounded:
+            raise ValueError("config.kda_chunk16=True needs bounded gates (lower_bound): its 16-token grams "
+                             "take k 2^-c in one factor")
+        return kda_chunk16(q, k, v, g, beta, scale=scale, initial_state=initial_state,
+                           output_final_state=output_final_state, norm_q=fuse_q, norm_k=fuse_k, **run)
     if per_channel:
         g_cs, A, aqk, rstd_k = kda_intra(q, k, g, beta, fuse_k=fuse_k, raw_q=fuse_q, unbounded=unbounded, **run)
         w, u, kg = recompute_wu(k, v, beta, A, g_cs, rstd_k=rstd_k, **run)

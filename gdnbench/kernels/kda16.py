@@ -1,0 +1,134 @@
+"""KDA's forward in 16-token tiles, FlashKDA's decomposition (opt-in, ``GDNConfig.kda_chunk16``): two kernels.
+
+Prepare, per (16-token tile, value head): the per-channel gate's tile-local cumsum c (log2 units, from the tile
+start), k_d = k 2^c, k_i = k 2^-c, q_d = scale q 2^c, k_r = k 2^(c_last - c); the grams L = strict-lower(beta
+k_d k_i^T) and M = lower(q_d k_i^T); INV = (I + L)^-1 by doubling, (I - L)(I + L^2)(I + L^4)(I + L^8) (L^16 = 0),
+stored with beta folded into its columns.  With |g| <= 5 per token (the bounded-gate contract) 2^-c stays within
+2^115 over 16 tokens, inside fp32's and bf16's range, so the grams are single products with no reference point.
+NORM_Q / NORM_K fold the rows' l2 norm in (x / sqrt(sum x^2 + 1e-6), fp32).
+
+Loop, per (V block, sequence * value head): the state S [K, BV] in fp32 registers, 16 tokens a step:
+
+    U = INV_beta (v - k_d S),  o = q_d S + M U,  S = diag(2^c_last) S + k_r^T U
+
+so w, u, h and v_new never reach memory; per token the prepare kernel writes q_d, k_d, k_r (16-bit) and per tile
+INV, M and 2^c_last.  (FlashKDA, MoonshotAI, CUTLASS: the same split; its recurrence is one program per sequence
+and head, here V is split over programs as in the state kernels.)
+"""
+
+import triton
+import triton.language as tl
+
+from .common import LOG2E, chunk_coords
+from .state import _sequence_span
+
+TILE = 16  # tokens per step: 16 tokens of g >= -5 decay by at most 2^-115
+
+
+@triton.jit
+def _rows(ptr, rows, o_k, mask, stride, NORM: tl.constexpr):
+    """Rows of a [tokens, K] head slice as fp32, l2-normalized where NORM."""
+    x = tl.load(ptr + rows[:, None] * stride + o_k[None, :], mask=mask, other=0.0).to(tl.float32)
+    if NORM:
+        x = x * tl.rsqrt(tl.sum(x * x, 1) + 1e-6)[:, None]
+    return x
+
+
+@triton.jit
+def kda16_prep_kernel(q, k, g, beta, qd, kd, kr, inv, mqk, dec, cu_seqlens, chunk_indices, T, NT, scale,
+                      H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, BK: tl.constexpr, IS_VARLEN: tl.constexpr,
+                      NORM_Q: tl.constexpr, NORM_K: tl.constexpr, PREC: tl.constexpr):
+    """Grid (64-token chunks, B*HV, 4): tile i_s of chunk i_c.  q, k [B,T,H,K]; g [B,T,HV,K] natural-log gates;
+    beta [B,T,HV]; qd, kd, kr [B,T,HV,K] in k's dtype; inv, mqk [chunks*4, HV, 16, 16] in k's dtype; dec
+    [chunks*4, HV, K] fp32 (2^c_last).  The grams take fp32 operands (fp32's exponent range holds k 2^-c; a
+    16-bit k would not in fp16), as tf32 products for 16-bit storage."""
+    i_c, i_bh, i_s = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+    i_b, i_hv = i_bh // HV, i_bh % HV
+    i_h = i_hv // (HV // H)
+    tok0, n_valid, i_g = chunk_coords(i_c, i_b, T, NT, cu_seqlens, chunk_indices, 64, IS_VARLEN)
+    t0 = tok0 + i_s * 16
+    n = n_valid - i_s * 16
+    rows = tl.arange(0, 16)
+    o_k = tl.arange(0, BK)
+    valid = rows < n
+    m = valid[:, None] & (o_k < K)[None, :]
+    c = tl.cumsum(tl.load(g + (t0 + rows[:, None]) * (HV * K) + i_hv * K + o_k[None, :], mask=m,
+                          other=0.0).to(tl.float32), 0) * LOG2E
+    c_last = tl.sum(tl.where(rows[:, None] == tl.minimum(n, 16) - 1, c, 0.0), 0)
+    b_k = _rows(k + t0 * (H * K) + i_h * K, rows, o_k, m, H * K, NORM_K)
+    b_q = _rows(q + t0 * (H * K) + i_h * K, rows, o_k, m, H * K, NORM_Q)
+    b_beta = tl.load(beta + (t0 + rows) * HV + i_hv, mask=valid, other=0.0).to(tl.float32)
+    # rows past the tile's end load g = 0 and keep c_last; their k and q are zero
+    k_d = b_k * tl.math.exp2(c)
+    k_i = b_k * tl.math.exp2(-c)
+    q_d = b_q * tl.math.exp2(c) * scale
+    k_r = b_k * tl.math.exp2(c_last[None, :] - c)
+    p_tok = (t0 + rows[:, None]) * (HV * K) + i_hv * K + o_k[None, :]
+    tl.store(qd + p_tok, q_d.to(qd.dtype.element_ty), mask=m)
+    tl.store(kd + p_tok, k_d.to(kd.dtype.element_ty), mask=m)
+    tl.store(kr + p_tok, k_r.to(kr.dtype.element_ty), mask=m)
+
+    lower = rows[:, None] > rows[None, :]
+    a_l = tl.where(lower, tl.dot(k_d, tl.trans(k_i), input_precision=PREC) * b_beta[:, None], 0.0)
+    a_m = tl.where(lower | (rows[:, None] == rows[None, :]), tl.dot(q_d, tl.trans(k_i), input_precision=PREC), 0.0)
+    eye = tl.where(rows[:, None] == rows[None, :], 1.0, 0.0)
+    x = eye - a_l
+    p = tl.dot(a_l, a_l, input_precision="tf32x3")  # L^2, L^4, L^8: strictly lower, nilpotent
+    x = x + tl.dot(x, p, input_precision="tf32x3")
+    p = tl.dot(p, p, input_precision="tf32x3")
+    x = x + tl.dot(x, p, input_precision="tf32x3")
+    p = tl.dot(p, p, input_precision="tf32x3")
+    x = x + tl.dot(x, p, input_precision="tf32x3")
+    x = x * b_beta[None, :]  # U = INV diag(beta) (v - k_d S)
+    slot = (i_g * 4 + i_s) * HV + i_hv
+    p_tile = slot * 256 + rows[:, None] * 16 + rows[None, :]
+    tl.store(inv + p_tile, x.to(inv.dtype.element_ty))
+    tl.store(mqk + p_tile, a_m.to(mqk.dtype.element_ty))
+    tl.store(dec + slot * K + o_k, tl.math.exp2(c_last), mask=o_k < K)
+
+
+@triton.jit(do_not_specialize=["T"])
+def kda16_loop_kernel(qd, kd, kr, v, inv, mqk, dec, o, h0, ht, cu_seqlens, chunk_offsets, T, NT,
+                      HV: tl.constexpr, K: tl.constexpr, BK: tl.constexpr, V: tl.constexpr, BV: tl.constexpr,
+                      IS_VARLEN: tl.constexpr, USE_H0: tl.constexpr, STORE_HT: tl.constexpr, PREC: tl.constexpr):
+    """Grid (cdiv(V, BV), N*HV).  o like v; h0 / ht [N, HV, K, V] fp32."""
+    i_v, i_nh = tl.program_id(0), tl.program_id(1)
+    i_n, i_hv = i_nh // HV, i_nh % HV
+    bos, seq_len = _sequence_span(cu_seqlens, i_n, T, IS_VARLEN)
+    if IS_VARLEN:
+        tile0 = tl.load(chunk_offsets + i_n).to(tl.int64) * 4
+    else:
+        tile0 = i_n.to(tl.int64) * NT * 4
+    rows = tl.arange(0, 16)
+    o_k = tl.arange(0, BK)
+    o_v = i_v * BV + tl.arange(0, BV)
+    m_k, m_v = o_k < K, o_v < V
+    b_s = tl.zeros([BK, BV], dtype=tl.float32)
+    if USE_H0:
+        b_s += tl.load(h0 + i_nh.to(tl.int64) * K * V + o_k[:, None] * V + o_v[None, :],
+                       mask=m_k[:, None] & m_v[None, :], other=0.0)
+    for j in range(tl.cdiv(seq_len, 16)):
+        tok = bos + j * 16
+        m_t = rows < seq_len - j * 16
+        p_tok = tok * (HV * K) + i_hv * K + rows[:, None] * (HV * K) + o_k[None, :]
+        m_tk = m_t[:, None] & m_k[None, :]
+        b_kd = tl.load(kd + p_tok, mask=m_tk, other=0.0)
+        b_qd = tl.load(qd + p_tok, mask=m_tk, other=0.0)
+        b_kr = tl.load(kr + p_tok, mask=m_tk, other=0.0)
+        slot = (tile0 + j) * HV + i_hv
+        b_inv = tl.load(inv + slot * 256 + rows[:, None] * 16 + rows[None, :])
+        b_m = tl.load(mqk + slot * 256 + rows[:, None] * 16 + rows[None, :])
+        b_dec = tl.load(dec + slot * K + o_k, mask=m_k, other=0.0)
+        m_tv = m_t[:, None] & m_v[None, :]
+        p_v = tok * (HV * V) + i_hv * V + rows[:, None] * (HV * V) + o_v[None, :]
+        b_v = tl.load(v + p_v, mask=m_tv, other=0.0).to(tl.float32)
+        b_sd = b_s.to(b_kd.dtype)
+        b_x = b_v - tl.dot(b_kd, b_sd, input_precision=PREC)
+        b_u = tl.dot(b_inv, b_x.to(b_inv.dtype), input_precision=PREC)
+        b_uo = b_u.to(v.dtype.element_ty).to(b_m.dtype)  # U as a two-kernel path would store it
+        b_o = tl.dot(b_m, b_uo, tl.dot(b_qd, b_sd, input_precision=PREC), input_precision=PREC)
+        tl.store(o + p_v, b_o.to(o.dtype.element_ty), mask=m_tv)
+        b_s = tl.dot(tl.trans(b_kr), b_u.to(b_kr.dtype), b_s * b_dec[:, None], input_precision=PREC)
+    if STORE_HT:
+        tl.store(ht + i_nh.to(tl.int64) * K * V + o_k[:, None] * V + o_v[None, :], b_s,
+                 mask=m_k[:, None] & m_v[None, :])

@@ -1,0 +1,86 @@
+"""KDA's opt-in 16-token form (``GDNConfig.kda_chunk16``, kernels/kda16.py) on the CPU under the interpreter:
+every route against the fp64 recurrence (packed and dense, GVA, initial and final states, odd head sizes, gates
+at the lower bound, fp32 and fp16), which kernels it launches, and what it refuses."""
+
+import dataclasses
+import os
+
+os.environ["TRITON_INTERPRET"] = "1"
+
+import pytest  # noqa: E402
+import torch  # noqa: E402
+
+from gdnbench.kernels import ops  # noqa: E402
+from gdnbench.kernels.config import default_config  # noqa: E402
+from gdnbench.kernels.ops import GDNConfig, chunk_kda, validate  # noqa: E402
+
+from .test_ops_kda import check, make_inputs  # noqa: E402
+
+ROUTES = ["none", "flag", "fused_q", "fused_qk"]
+
+
+def chunk16(K, V, dtype):
+    base = default_config(K, V, torch.tensor([], dtype=dtype).element_size(), "kda")
+    return dataclasses.replace(base, kda_chunk16=True)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+@pytest.mark.parametrize("norm", ROUTES)
+def test_packed_varlen_gva2(norm, dtype):
+    """Packed sequences (37 tokens: a 5-token last tile; an empty one; 64; 30), initial and final states, GVA 2,
+    K = 32, V = 48 (BV 32: a masked second V block)."""
+    cu = torch.tensor([0, 37, 37, 101, 131], dtype=torch.int64)
+    q, k, v, g, beta, s0 = make_inputs(1, 131, 2, 4, 32, 48, dtype, n_seqs=4, h0=True)
+    check(norm, dtype, q, k, v, g, beta, s0, cu, config=chunk16(32, 48, dtype))
+
+
+@pytest.mark.parametrize("norm", ["flag", "fused_qk"])
+def test_dense_batch_odd_heads_gva3(norm):
+    """B = 2, T = 70 (a chunk's tail of 6 tokens), GVA 3, K = 60, V = 20 (masked channels and columns)."""
+    q, k, v, g, beta, s0 = make_inputs(2, 70, 1, 3, 60, 20, torch.float32, h0=True, seed=3)
+    check(norm, torch.float32, q, k, v, g, beta, s0, config=chunk16(60, 20, torch.float32))
+
+
+def test_gates_at_the_lower_bound():
+    """g = -5 on every channel of one head (2^-115 over a tile: k 2^-c at the edge of the range) and on half the
+    channels of the other, the rest near 0."""
+    q, k, v, g, beta, s0 = make_inputs(1, 100, 1, 2, 32, 32, torch.float32, h0=True, seed=2)
+    g[:, :, 0] = -5.0
+    g[:, :, 1, ::2] = -5.0
+    g[:, :, 1, 1::2] = -1e-3
+    check("fused_qk", torch.float32, q, k, v, g, beta, s0, config=chunk16(32, 32, torch.float32))
+
+
+def test_launches_two_kernels_and_refuses_unbounded_gates(monkeypatch):
+    q, k, v, g, beta, _ = make_inputs(1, 40, 1, 1, 32, 32, torch.float32)
+    names = []
+
+    def launch(kernel, grid, args, constexprs, options):
+        names.append(kernel.fn.__name__ if hasattr(kernel, "fn") else kernel.__name__)
+        return real(kernel, grid, args, constexprs, options)
+    real = ops.launch
+    monkeypatch.setattr(ops, "launch", launch)
+    cfg = chunk16(32, 32, torch.float32)
+    chunk_kda(q, k, v, g, beta, norm="fused_qk", lower_bound=-5.0, config=cfg)
+    assert names == ["kda16_prep_kernel", "kda16_loop_kernel"]
+    with pytest.raises(ValueError, match="kda_chunk16=True needs bounded gates"):
+        chunk_kda(q, k, v, g, beta, norm="flag", config=cfg)
+    with pytest.raises(ValueError, match="kda_chunk16=True is a KDA form"):
+        validate(GDNConfig(kda_chunk16=True), 128, 128, 2, "gdn")
+
+
+def test_backend_takes_bounded_kda_shapes_only():
+    """`gdnbench-kda16`: KDA shapes with a lower_bound, every route, its config the form's."""
+    from gdnbench.backends import get
+    from gdnbench.data import shapes
+
+    b = get("gdnbench-kda16")
+    smoke = {s.id: s for s in shapes.load("smoke").shapes}
+    kda = smoke["kda_fixed"]
+    assert kda.lower_bound is not None
+    assert all(b.supports(kda, r, "fwd", "cpu") for r in ROUTES[1:] + ["explicit"])
+    assert "has no gdn kernel" in b.supports(smoke["gdn_fixed_b2"], "flag", "fwd", "cpu").reason
+    unbounded = dataclasses.replace(kda, lower_bound=None)
+    assert "bounded gates only" in b.supports(unbounded, "flag", "fwd", "cpu").reason
+    cfg, label = b._config(kda, "flag", "cpu")
+    assert cfg.kda_chunk16 and label.endswith("kda_chunk16")
