@@ -59,4 +59,5 @@ def test_routes_cover_the_in_loop_forms():
     assert "gdn fused_qk 1-pass in-loop wu" in labels
     assert not any("fused" in label and "wu_aqk" in label for label in labels)  # refused by ops
     assert not any(label.startswith("kda") and "in-loop" in label for label in labels)
+    assert "kda fused_qk varlen 16-token tiles" in labels
     assert len(offline.IN_LOOP_CANDIDATES) == len(set(offline.IN_LOOP_CANDIDATES))

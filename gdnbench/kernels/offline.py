@@ -32,8 +32,8 @@ ARCHS = {"sm_90": 90, "sm_100": 100, "sm_103": 103}
 # opt-in shared memory per block: 227 KB on H100/H200 (sm_90) and B200/GB200/B300/GB300 (sm_100/sm_103)
 SMEM_LIMIT = {90: 232448, 100: 232448, 103: 232448}
 REGISTERS_PER_BLOCK = 64 * 1024
-FLAGS = ("IS_VARLEN", "PER_CHANNEL", "FUSE_Q", "FUSE_K", "FIXUP", "DOT_BF16", "USE_H0", "STORE_HT", "IN_LOOP_AQK",
-         "UNBOUNDED")
+FLAGS = ("IS_VARLEN", "PER_CHANNEL", "FUSE_Q", "FUSE_K", "NORM_Q", "NORM_K", "FIXUP", "DOT_BF16", "USE_H0",
+         "STORE_HT", "IN_LOOP_AQK", "UNBOUNDED")
 
 
 @dataclass(frozen=True)
@@ -101,17 +101,18 @@ def target_driver(arch: int):
 
 def routes():
     """(label, family, norm, varlen, one_pass, in_loop) of every route whose kernels differ in specialization;
-    GDN's one-pass path also in its opt-in in_loop forms ("wu_aqk" takes norm none / flag only)."""
+    GDN's one-pass path also in its opt-in in_loop forms ("wu_aqk" takes norm none / flag only), KDA's also in
+    16-token tiles (in_loop "chunk16": GDNConfig.kda_chunk16)."""
     for family in ("gdn", "kda"):
         for norm in ("none", "flag", "fused_q", "fused_qk"):
             for varlen in (False, True):
-                paths = [(None, None), (True, None)]  # KDA: state + output, or both in one pass
+                paths = [(None, None), (True, None), (None, "chunk16")]  # KDA: also both in one pass, 16-token tiles
                 if family == "gdn":
                     paths = [(False, None), (True, None), (True, "wu")]
                     paths += [(True, "wu_aqk")] if norm in ("none", "flag") else []
                 for one_pass, in_loop in paths:
                     path = "" if one_pass is None else (" 1-pass" if one_pass else " 2-pass")
-                    path += f" in-loop {in_loop}" if in_loop else ""
+                    path += (" 16-token tiles" if in_loop == "chunk16" else f" in-loop {in_loop}") if in_loop else ""
                     yield (f"{family} {norm}{' varlen' if varlen else ''}{path}", family, norm, varlen, one_pass,
                            in_loop)
 
@@ -176,6 +177,10 @@ def _run_route(ops, torch, family, norm, varlen, one_pass, K, V, H=4, HV=8, in_l
     config = ops.default_config(K, V, 2, family)
     if family == "kda":
         g = -torch.rand(1, T, HV, K)
+        if in_loop == "chunk16":  # bounded gates only
+            ops.chunk_kda(q, k, v, g, beta, initial_state=h0, output_final_state=True, cu_seqlens=cu, norm=norm,
+                          lower_bound=-5.0, config=dataclasses.replace(config, kda_chunk16=True))
+            return
         # the bounded form (the contract shapes' gates), then the unbounded one; chunk_kda's own default config
         # for each (the unbounded form's takes more warps)
         if one_pass:  # the one-pass kernel is the same for both gate forms: the bounded one, one pass on
