@@ -99,8 +99,10 @@ def test_kda_tasks_per_route():
     assert [(t.kernel, t.variant, t.route) for t in tasks] == [
         ("l2norm", "plain", "flag"), ("kda_intra", "plain", "flag"), ("wu", "plain", "flag"),
         ("state", "plain", "flag"), ("output", "plain", "flag"), ("kda_state_out", "plain", "flag"),
+        ("kda16_prep", "plain", "flag"), ("kda16_loop", "plain", "flag"),
         ("output_fused", "fused_q", "fused_q"), ("kda_state_out", "fused_q", "fused_q"),
-        ("kda_intra", "fuse_k", "fused_qk"), ("wu", "fuse_k", "fused_qk")]
+        ("kda16_prep", "fused_q", "fused_q"),
+        ("kda_intra", "fuse_k", "fused_qk"), ("wu", "fuse_k", "fused_qk"), ("kda16_prep", "fused_qk", "fused_qk")]
     assert {t.family for t in tasks} == {"kda"}
     # the state kernel runs plain on every route: KDA's reads kg (k's rstd already in it), GDN's
     # v_new carries k's rstd on its rows
@@ -111,6 +113,9 @@ def test_kda_tasks_per_route():
     assert tuned.variant_of("aqk", "explicit") == "plain"
     # the in-loop form's loop: FUSE_Q under both fused routes, FUSE_K under fused_qk too
     assert [tuned.variant_of("fused_out", r) for r in tuned.ROUTES] == ["plain", "plain", "fused_q", "fused_qk"]
+    # KDA's 16-token form: the prepare kernel's NORM_Q / NORM_K per route, its loop the same on every route
+    assert [tuned.variant_of("kda16_prep", r, "kda") for r in tuned.ROUTES] == ["plain", "plain", "fused_q", "fused_qk"]
+    assert {tuned.variant_of("kda16_loop", r, "kda") for r in tuned.ROUTES} == {"plain"}
     assert at_plan.plan_tasks(["fused_qk"], ["gram"], "kda") == [] and at_plan.plan_tasks(["flag"], ["kda_intra"]) == []
 
 
@@ -458,6 +463,32 @@ def test_kda_one_pass_choice_times_it_against_state_and_output(tmp_path, monkeyp
     assert gb._kda_one_pass(_shape(), "flag", ENV, base, "x") == (base, "x")
 
 
+def test_kda16_choice_times_its_two_kernels_against_the_ones_they_replace(tmp_path, monkeypatch):
+    import dataclasses
+
+    from gdnbench.backends import gdnbench as gb
+    from gdnbench.kernels.config import default_config
+
+    shape = _kda_shape()
+    save = _fill(tuned.kda16_choice, False, shape, tmp_path, [("kda16_prep", 300.0), ("kda16_loop", 900.0),
+                                                              ("kda_intra", 600.0), ("wu", 380.0), ("state", 420.0),
+                                                              ("output", 360.0)])
+    assert tuned.kda16_choice(shape, "flag", ENV, tmp_path) == (
+        True, "kda16_prep + kda16_loop 1200.0 us vs kda_intra + wu + state + output 1760.0 us")
+    save("kda_state_out", 100.0)  # the one pass is chosen (100 < 780): the form is timed against it
+    assert tuned.kda16_choice(shape, "flag", ENV, tmp_path) == (
+        False, "kda16_prep + kda16_loop 1200.0 us vs kda_intra + wu + kda_state_out 1080.0 us")
+    assert tuned.kda16_choice(dataclasses.replace(shape, lower_bound=None), "flag", ENV, tmp_path) == (False, "")
+    assert tuned.kda16_choice(_shape(), "flag", ENV, tmp_path) == (False, "")
+    assert tuned.kda16_choice(shape, "flag", None, tmp_path) == (False, "")
+    # the backend takes the form where it was timed faster, and says why
+    base = default_config(128, 128, 2, "kda")
+    monkeypatch.setattr(tuned, "kda16_choice", lambda *a: (True, "why"))
+    assert gb._kda16(shape, "flag", ENV, base, "tuned: x") == (
+        dataclasses.replace(base, kda_chunk16=True), "tuned: x; 16-token tiles (why)")
+    assert gb._kda16(shape, "flag", None, base, "x") == (base, "x")
+
+
 def test_tuned_config_applies_kda_entries(tmp_path):
     from gdnbench.kernels.config import KernelConfig, default_config
 
@@ -587,8 +618,10 @@ def test_dry_run_lists_kda_searches_for_kda_legacy6():
                    "output_fused variant=fused_q route=fused_q"):
         assert f"{search} {key}" in r.output
     assert "gram" not in r.output and "state variant=fuse_k" not in r.output
-    # 4 shape keys (the mixed and uniform sets of a head count share one) x 10 specializations
-    assert "40 searches, nothing run" in r.output and "output_fused variant=fused_qk" not in r.output
+    # 4 shape keys (the mixed and uniform sets of a head count share one) x 14 specializations (10, and the
+    # 16-token form's prepare kernel per norm variant and its loop)
+    assert "56 searches, nothing run" in r.output and "output_fused variant=fused_qk" not in r.output
+    assert f"kda16_loop variant=plain route=flag {key}" in r.output
     # --family selects shapes by family: no gdn shape in kda-legacy6, no kda shape with --family gdn
     r = CliRunner().invoke(_app(), ["autotune", "--dry-run", "--shapes", "kda-legacy6", "--family", "gdn"])
     assert r.exit_code == 2 and "no gdn shapes selected in kda-legacy6" in r.output

@@ -135,6 +135,16 @@ class _Bench:
                                          out_k=out_k, out_rk=out_rk, out_ssq=out_ssq, a1=a1, cq=cq)
         return self._stage[route, gates]
 
+    def kda16_tiles(self, route: str, gates: str | None = None) -> dict:
+        """The 16-token form's prepared tiles (the loop's inputs), once per route and gate regime."""
+        key = ("kda16", route, gates or self.shape.gate_regime)
+        if key not in self._stage:
+            st, x = self.stage_inputs(route, gates), self.full_inputs(gates)
+            self._stage[key] = self.ops.kda16_prepare(st["q"], st["k"], x.g, x.beta, scale=x.scale,
+                                                      norm_q=st["fuse_q"], norm_k=st["fuse_k"], varlen=st["info"],
+                                                      config=self.base)
+        return self._stage[key]
+
     def stage_call(self, kernel: str, route: str, cfg, on_launch=None, gates: str | None = None):
         """A zero-argument call of the one stage kernel under ``cfg`` (what is timed), on the inputs of the
         gate regime ``gates`` (default: the shape's)."""
@@ -163,6 +173,12 @@ class _Bench:
             return lambda: ops.kda_state_output(st["q"], st["state_k"], st["w"], st["u"], st["g_cs"], st["aqk"],
                                                 scale=x.scale, fuse_q=st["fuse_q"], initial_state=st["h0"],
                                                 output_final_state=True, **run)
+        if kernel == "kda16_prep":
+            return lambda: ops.kda16_prepare(st["q"], st["k"], x.g, x.beta, scale=x.scale, norm_q=st["fuse_q"],
+                                             norm_k=st["fuse_k"], **run)
+        if kernel == "kda16_loop":
+            tiles = self.kda16_tiles(route, gates)
+            return lambda: ops.kda16_loop(tiles, x.v, initial_state=st["h0"], output_final_state=True, **run)
         if kernel == "state_out":
             return lambda: ops.state_output(st["q"], st["k"], st["w"], st["u"], st["g_cs"], st["a1"], st["cq"],
                                             scale=x.scale, initial_state=st["h0"], output_final_state=True, **run)

@@ -126,6 +126,8 @@ def launch_digests(kernel: str, shape: dict | None, route: str, point: dict, tok
         cfg = dataclasses.replace(cfg, one_pass=kernel in tuned.ONE_PASS_KERNELS, in_loop=tuned.IN_LOOP_OF.get(kernel))
     elif kernel == "kda_state_out":
         cfg = dataclasses.replace(cfg, one_pass=True)
+    elif kernel in getattr(tuned, "KDA16_KERNELS", ()):  # (older trees have no 16-token form)
+        cfg = dataclasses.replace(cfg, kda_chunk16=True)
     lens = [100, 200 + (tokens - 300) % 16] if shape["varlen"] else None
     T = sum(lens) if lens else 256 + tokens % 16
     q, k = torch.randn(1, T, H, K, dtype=dt), torch.randn(1, T, H, K, dtype=dt)

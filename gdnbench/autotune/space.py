@@ -43,13 +43,13 @@ def _blocks_for(dim: int) -> tuple[int, ...]:
 
 def dimensions(kernel: str, K: int, V: int) -> list[tuple[str, tuple]]:
     """The tuned dimensions of a kernel and their values, in coordinate-descent order."""
-    tail = [("num_warps", WARPS), ("num_stages", (1,) if kernel == "l2norm" else STAGES),
+    tail = [("num_warps", WARPS), ("num_stages", (1,) if kernel in ("l2norm", "kda16_prep") else STAGES),
             ("maxnreg", MAXNREG_VALUES)]
     if kernel == "l2norm":
         return [("BR", BR_VALUES)] + tail
     blocks = {"gram": ("BK",), "kda_intra": ("BK",), "wu": ("BK", "BV"), "state": ("BK", "BV"), "output": ("BK", "BV"),
               "output_fused": ("BK", "BV"), "aqk": ("BK",), "state_out": ("BK", "BV"), "fused_out": ("BK", "BV"),
-              "kda_state_out": ("BK", "BV")}[kernel]
+              "kda_state_out": ("BK", "BV"), "kda16_prep": (), "kda16_loop": ("BV",)}[kernel]
     segs = [("segments", SEGMENTS), ("split_v", (False, True))] if kernel == "fused_out" else []
     return [(b, _blocks_for(K if b == "BK" else V)) for b in blocks] + segs + tail
 
@@ -95,7 +95,8 @@ def full_config(kernel: str, point: Point, base):
     one that runs ``kernel`` (ops.validate rejects GDN's one-pass path where it is not built)."""
     return dataclasses.replace(base, **{kernel: tuned.kernel_config(kernel, point)},
                                one_pass=_PATH_OF.get(kernel) if base.one_pass is None else base.one_pass,
-                               in_loop=tuned.IN_LOOP_OF.get(kernel, base.in_loop))
+                               in_loop=tuned.IN_LOOP_OF.get(kernel, base.in_loop),
+                               kda_chunk16=kernel in tuned.KDA16_KERNELS or base.kda_chunk16)
 
 
 def _start_point(kernel: str, base, dims, K: int, V: int) -> Point:

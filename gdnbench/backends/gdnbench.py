@@ -65,6 +65,7 @@ class GdnbenchBackend(Backend):
                 cfg, label = tuned_config(shape, route, env)
             cfg, label = _pin_path(shape, route, cfg if label != "default" else None, label)
             cfg, label = _kda_one_pass(shape, route, env, cfg, label)
+            cfg, label = _kda16(shape, route, env, cfg, label)
             self._resolved[key] = _in_loop(shape, route, env, cfg, label)
         return self._resolved[key]
 
@@ -136,6 +137,21 @@ def _kda_one_pass(shape, route: str, env, cfg, label: str):
     if not one:
         return cfg, label
     return dataclasses.replace(cfg, one_pass=True), f"{label}; one pass ({why})"
+
+
+def _kda16(shape, route: str, env, cfg, label: str):
+    """(config, label) with KDA in 16-token tiles (kernels/kda16.py) where the autotuner timed its two kernels
+    faster than the ones they replace on this machine (kernels/tuned.py, ``kda16_choice``)."""
+    if shape.family != "kda" or env is None or cfg is None:
+        return cfg, label
+    import dataclasses
+
+    from ..kernels.tuned import kda16_choice
+
+    take, why = kda16_choice(shape, route, env)
+    if not take:
+        return cfg, label
+    return dataclasses.replace(cfg, kda_chunk16=True), f"{label}; 16-token tiles ({why})"
 
 
 def _pin_path(shape, route: str, cfg, label: str):

@@ -14,6 +14,9 @@ Loop, per (V block, sequence * value head): the state S [K, BV] in fp32 register
 so w, u, h and v_new never reach memory; per token the prepare kernel writes q_d, k_d, k_r (16-bit) and per tile
 INV, M and 2^c_last.  (FlashKDA, MoonshotAI, CUTLASS: the same split; its recurrence is one program per sequence
 and head, here V is split over programs as in the state kernels.)
+
+Both kernels are searched by the autotuner (kda16_prep per norm variant, kda16_loop once), and the `gdnbench`
+backend takes this form where their tuned times beat the kernels they replace (kernels/tuned.py, kda16_choice).
 """
 
 import triton

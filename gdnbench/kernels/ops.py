@@ -468,28 +468,46 @@ def kda_chunk16(q, k, v, g, beta, *, scale, initial_state=None, output_final_sta
                 norm_k=False, varlen=None, config: GDNConfig = DEFAULT_CONFIG, on_launch=None):
     """KDA's forward in 16-token tiles (``config.kda_chunk16``, kernels/kda16.py): (o, final_state).  Bounded gates
     (g >= -5); ``norm_q`` / ``norm_k``: q's / k's rows are raw and normalized in the prepare kernel."""
+    run = dict(varlen=varlen, config=config, on_launch=on_launch)
+    tiles = kda16_prepare(q, k, g, beta, scale=scale, norm_q=norm_q, norm_k=norm_k, **run)
+    return kda16_loop(tiles, v, initial_state=initial_state, output_final_state=output_final_state, **run)
+
+
+def kda16_prepare(q, k, g, beta, *, scale, norm_q=False, norm_k=False, varlen=None,
+                  config: GDNConfig = DEFAULT_CONFIG, on_launch=None) -> dict:
+    """The 16-token form's prepare kernel: per token q_d, k_d, k_r [B,T,HV,K] in k's dtype; per tile INV (beta
+    folded in) and M [tiles, HV, 16, 16] in k's dtype and 2^c_last [tiles, HV, K] fp32 (tiles: 4 per chunk)."""
     B, T, H, K = k.shape
-    HV, V = v.shape[2], v.shape[3]
-    N = varlen.num_seqs if varlen is not None else B
+    HV = beta.shape[2]
     n_chunks, NT = _chunk_grid(B, T, varlen)
+    tiles = (n_chunks if varlen is not None else B * n_chunks) * 4
     qd, kd, kr = (torch.empty(B, T, HV, K, device=k.device, dtype=k.dtype) for _ in range(3))
-    inv, mqk = (torch.empty(n_chunks * B * 4 if varlen is None else n_chunks * 4, HV, 16, 16, device=k.device,
-                            dtype=k.dtype) for _ in range(2))
-    dec = torch.empty(inv.shape[0], HV, K, device=k.device, dtype=torch.float32)
-    cu = None if varlen is None else varlen.cu_seqlens
-    BK = next_pow2(K)
+    inv, mqk = (torch.empty(tiles, HV, 16, 16, device=k.device, dtype=k.dtype) for _ in range(2))
+    dec = torch.empty(tiles, HV, K, device=k.device, dtype=torch.float32)
     _launch(kda16_prep_kernel, (n_chunks, B * HV, 4), config.kda16_prep,
-            q, k, g, beta, qd, kd, kr, inv, mqk, dec, cu, None if varlen is None else varlen.chunk_indices, T, NT,
-            float(scale), H=H, HV=HV, K=K, BK=BK, IS_VARLEN=varlen is not None, NORM_Q=norm_q, NORM_K=norm_k,
-            PREC=_precision(k.dtype), hooks=on_launch)
+            q, k, g, beta, qd, kd, kr, inv, mqk, dec, None if varlen is None else varlen.cu_seqlens,
+            None if varlen is None else varlen.chunk_indices, T, NT, float(scale), H=H, HV=HV, K=K, BK=next_pow2(K),
+            IS_VARLEN=varlen is not None, NORM_Q=norm_q, NORM_K=norm_k, PREC=_precision(k.dtype), hooks=on_launch)
+    return dict(qd=qd, kd=kd, kr=kr, inv=inv, mqk=mqk, dec=dec)
+
+
+def kda16_loop(tiles: dict, v, *, initial_state=None, output_final_state=False, varlen=None,
+               config: GDNConfig = DEFAULT_CONFIG, on_launch=None):
+    """The 16-token form's loop over :func:`kda16_prepare`'s tiles: (o like v, final_state [N,HV,K,V] or None)."""
+    kd = tiles["kd"]
+    B, T, HV, K = kd.shape
+    V = v.shape[3]
+    N = varlen.num_seqs if varlen is not None else B
+    _, NT = _chunk_grid(B, T, varlen)
     o = torch.empty_like(v)
-    ht = _final_state(N, HV, K, V, k.device, output_final_state)
+    ht = _final_state(N, HV, K, V, kd.device, output_final_state)
     cfg = config.kda16_loop
     BV = block(cfg.BV, V)
     _launch(kda16_loop_kernel, (cdiv(V, BV), N * HV), cfg,
-            qd, kd, kr, v, inv, mqk, dec, o, initial_state, ht, cu, None if varlen is None else varlen.chunk_offsets,
-            T, NT, HV=HV, K=K, BK=BK, V=V, BV=BV, IS_VARLEN=varlen is not None, USE_H0=initial_state is not None,
-            STORE_HT=output_final_state, PREC=_precision(k.dtype), hooks=on_launch)
+            tiles["qd"], kd, tiles["kr"], v, tiles["inv"], tiles["mqk"], tiles["dec"], o, initial_state, ht,
+            None if varlen is None else varlen.cu_seqlens, None if varlen is None else varlen.chunk_offsets, T, NT,
+            HV=HV, K=K, BK=next_pow2(K), V=V, BV=BV, IS_VARLEN=varlen is not None, USE_H0=initial_state is not None,
+            STORE_HT=output_final_state, PREC=_precision(kd.dtype), hooks=on_launch)
     return o, ht
 
 

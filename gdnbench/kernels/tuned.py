@@ -10,7 +10,8 @@ machine and the code. An entry whose source hash or Triton version no longer mat
 with a warning (a new ``gdnbench autotune`` replaces it). ``variant``: which specialization of the
 kernel ran (``plain``; ``fuse_k`` for the k-norm folded into gram/kda_intra/wu under fused_qk (the
 state kernel runs plain: GDN's v_new carries k's rstd, KDA's kg does); ``fused_q`` / ``fused_qk`` for
-output_fused; ``fused_q`` for aqk, state_out and kda_state_out under both fused routes (their FUSE_Q form)).
+output_fused and for fused_out and kda16_prep under those routes; ``fused_q`` for aqk, state_out and
+kda_state_out under both fused routes (their FUSE_Q form)).
 
 No torch import here.
 """
@@ -40,16 +41,18 @@ KERNELS = tuple(KERNEL_FUNCTIONS)
 # the in-loop form is chosen (:func:`in_loop_choice`): every route lists all of them
 ONE_PASS_KERNELS = ("aqk", "state_out", "fused_out")
 IN_LOOP_OF = {"fused_out": "wu"}  # the GDNConfig.in_loop form whose loop a kernel is
+KDA16_KERNELS = ("kda16_prep", "kda16_loop")  # KDA's 16-token form (GDNConfig.kda_chunk16), every route
 _GDN_ROUTES = {
     "explicit": ("l2norm", "gram", "wu", "state", "output") + ONE_PASS_KERNELS,
     "flag": ("l2norm", "gram", "wu", "state", "output") + ONE_PASS_KERNELS,
     "fused_q": ("l2norm", "gram", "wu", "state", "output_fused") + ONE_PASS_KERNELS,
     "fused_qk": ("gram", "wu", "state", "output_fused") + ONE_PASS_KERNELS,
 }
-# KDA: state + output, or in one pass (GDNConfig.one_pass, :func:`kda_one_pass_choice`) kda_state_out
+# KDA: state + output, or in one pass (GDNConfig.one_pass, :func:`kda_one_pass_choice`) kda_state_out, or in
+# 16-token tiles (GDNConfig.kda_chunk16) its two kernels
 ROUTE_KERNELS = {"gdn": _GDN_ROUTES,
                  "kda": {r: tuple("kda_intra" if k == "gram" else k for k in ks if k not in ONE_PASS_KERNELS)
-                         + ("kda_state_out",) for r, ks in _GDN_ROUTES.items()}}
+                         + ("kda_state_out",) + KDA16_KERNELS for r, ks in _GDN_ROUTES.items()}}
 # the route a (kernel, variant) is measured under
 MEASURE_ROUTE = {"plain": "flag", "fuse_k": "fused_qk", "fused_q": "fused_q", "fused_qk": "fused_qk"}
 DISABLE_ENV = "GDNBENCH_TUNED"  # GDNBENCH_TUNED=0: `gdnbench run` ignores the cache
@@ -66,8 +69,10 @@ def variant_of(kernel: str, route: str, family: str = "gdn") -> str:
     its output kernel reads Aqk, which kda_intra built with k's rstd: fused_qk runs fused_q's."""
     if kernel == "output_fused":
         return "fused_q" if family == "kda" else route
-    if kernel == "fused_out":  # FUSE_Q under both fused routes, FUSE_K under fused_qk
+    if kernel in ("fused_out", "kda16_prep"):  # FUSE_Q / NORM_Q under both fused routes, FUSE_K / NORM_K under fused_qk
         return route if route.startswith("fused") else "plain"
+    if kernel == "kda16_loop":  # reads what the prepare kernel wrote, whatever the route
+        return "plain"
     if kernel in ONE_PASS_KERNELS + ("kda_state_out",) and route.startswith("fused"):
         return "fused_q"  # FUSE_Q: q raw (under fused_qk, k's rstd rides on w, u and v_new; KDA's on kg and Aqk)
     fuse_k = ("gram", "wu") if family == "gdn" else ("kda_intra", "wu")
@@ -266,3 +271,19 @@ def kda_one_pass_choice(shape, route: str, env: dict | None, cache_dir: Path | N
         return False, f"no tuned {missing}"
     pair = times["state"] + times[out]
     return times["kda_state_out"] < pair, f"kda_state_out {times['kda_state_out']:.1f} us vs state + {out} {pair:.1f} us"
+
+
+def kda16_choice(shape, route: str, env: dict | None, cache_dir: Path | None = None) -> tuple[bool, str]:
+    """(16-token form, why): True where the autotuner timed KDA's 16-token form (kda16_prep + kda16_loop,
+    kernels/kda16.py) below the kernels it replaces - kda_intra (with the cumsum), wu, and state + output or
+    kda_state_out where that is chosen - for this shape key and route; bounded gates only, and every entry
+    current on this machine."""
+    if shape.family != "kda" or shape.lower_bound is None or env is None or os.environ.get(DISABLE_ENV, "1") == "0":
+        return False, ""
+    one, _ = kda_one_pass_choice(shape, route, env, cache_dir)
+    rest = ("kda_state_out",) if one else ("state", "output_fused" if route.startswith("fused") else "output")
+    times, missing = _best_times(shape, route, env, cache_dir, KDA16_KERNELS + ("kda_intra", "wu") + rest)
+    if missing:
+        return False, f"no tuned {missing}"
+    new, old = sum(times[k] for k in KDA16_KERNELS), sum(times[k] for k in ("kda_intra", "wu") + rest)
+    return new < old, f"kda16_prep + kda16_loop {new:.1f} us vs kda_intra + wu + {' + '.join(rest)} {old:.1f} us"
