@@ -457,17 +457,19 @@ def test_kda_one_pass_choice_times_it_against_state_and_output(tmp_path, monkeyp
     # the backend takes the one pass where it was timed faster, and says why
     base = default_config(128, 128, 2, "kda")
     monkeypatch.setattr(tuned, "kda_one_pass_choice", lambda *a: (True, "kda_state_out 1.0 us vs state + output 2.0 us"))
-    assert gb._kda_one_pass(shape, "flag", ENV, base, "tuned: x") == (
+    monkeypatch.setattr(tuned, "kda16_choice", lambda *a: (False, "no tuned kda16_prep"))
+    assert gb._kda_forms(shape, "flag", ENV, base, "tuned: x") == (
         dataclasses.replace(base, one_pass=True), "tuned: x; one pass (kda_state_out 1.0 us vs state + output 2.0 us)")
-    assert gb._kda_one_pass(shape, "flag", None, base, "x") == (base, "x")
-    assert gb._kda_one_pass(_shape(), "flag", ENV, base, "x") == (base, "x")
+    assert gb._kda_forms(shape, "flag", None, base, "x") == (base, "x")
+    assert gb._kda_forms(_shape(), "flag", ENV, base, "x") == (base, "x")
+    monkeypatch.setattr(tuned, "kda16_choice", lambda *a: (True, "why"))  # and the 16-token tiles too
+    assert gb._kda_forms(shape, "flag", ENV, base, "x") == (
+        dataclasses.replace(base, one_pass=True, kda_chunk16=True),
+        "x; one pass (kda_state_out 1.0 us vs state + output 2.0 us); 16-token tiles (why)")
 
 
-def test_kda16_choice_times_its_two_kernels_against_the_ones_they_replace(tmp_path, monkeypatch):
+def test_kda16_choice_times_its_two_kernels_against_the_ones_they_replace(tmp_path):
     import dataclasses
-
-    from gdnbench.backends import gdnbench as gb
-    from gdnbench.kernels.config import default_config
 
     shape = _kda_shape()
     save = _fill(tuned.kda16_choice, False, shape, tmp_path, [("kda16_prep", 300.0), ("kda16_loop", 900.0),
@@ -481,12 +483,6 @@ def test_kda16_choice_times_its_two_kernels_against_the_ones_they_replace(tmp_pa
     assert tuned.kda16_choice(dataclasses.replace(shape, lower_bound=None), "flag", ENV, tmp_path) == (False, "")
     assert tuned.kda16_choice(_shape(), "flag", ENV, tmp_path) == (False, "")
     assert tuned.kda16_choice(shape, "flag", None, tmp_path) == (False, "")
-    # the backend takes the form where it was timed faster, and says why
-    base = default_config(128, 128, 2, "kda")
-    monkeypatch.setattr(tuned, "kda16_choice", lambda *a: (True, "why"))
-    assert gb._kda16(shape, "flag", ENV, base, "tuned: x") == (
-        dataclasses.replace(base, kda_chunk16=True), "tuned: x; 16-token tiles (why)")
-    assert gb._kda16(shape, "flag", None, base, "x") == (base, "x")
 
 
 def test_tuned_config_applies_kda_entries(tmp_path):

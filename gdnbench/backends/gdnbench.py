@@ -64,8 +64,7 @@ class GdnbenchBackend(Backend):
                 env = device_env()
                 cfg, label = tuned_config(shape, route, env)
             cfg, label = _pin_path(shape, route, cfg if label != "default" else None, label)
-            cfg, label = _kda_one_pass(shape, route, env, cfg, label)
-            cfg, label = _kda16(shape, route, env, cfg, label)
+            cfg, label = _kda_forms(shape, route, env, cfg, label)
             self._resolved[key] = _in_loop(shape, route, env, cfg, label)
         return self._resolved[key]
 
@@ -124,34 +123,26 @@ def _in_loop(shape, route: str, env, cfg, label: str):
     return dataclasses.replace(cfg, in_loop=form), f"{label}, in loop: {form} ({why})"
 
 
-def _kda_one_pass(shape, route: str, env, cfg, label: str):
-    """(config, label) with KDA's state and output in one pass (kernels/state_out_kda.py) where the autotuner
-    timed it faster than the two kernels it replaces on this machine (kernels/tuned.py, ``kda_one_pass_choice``)."""
+# KDA's forms the autotuner may time faster than the kernels they replace: (choice in kernels/tuned.py, the
+# GDNConfig field it sets, what the label says)
+_KDA_FORMS = (("kda_one_pass_choice", "one_pass", "one pass"), ("kda16_choice", "kda_chunk16", "16-token tiles"))
+
+
+def _kda_forms(shape, route: str, env, cfg, label: str):
+    """(config, label) with KDA's state and output in one pass (kernels/state_out_kda.py) and in 16-token tiles
+    (kernels/kda16.py) each where the autotuner timed it faster than the kernels it replaces on this machine
+    (kernels/tuned.py: kda_one_pass_choice, kda16_choice; the second weighs the first's pick)."""
     if shape.family != "kda" or env is None or cfg is None:
         return cfg, label
     import dataclasses
 
-    from ..kernels.tuned import kda_one_pass_choice
+    from ..kernels import tuned
 
-    one, why = kda_one_pass_choice(shape, route, env)
-    if not one:
-        return cfg, label
-    return dataclasses.replace(cfg, one_pass=True), f"{label}; one pass ({why})"
-
-
-def _kda16(shape, route: str, env, cfg, label: str):
-    """(config, label) with KDA in 16-token tiles (kernels/kda16.py) where the autotuner timed its two kernels
-    faster than the ones they replace on this machine (kernels/tuned.py, ``kda16_choice``)."""
-    if shape.family != "kda" or env is None or cfg is None:
-        return cfg, label
-    import dataclasses
-
-    from ..kernels.tuned import kda16_choice
-
-    take, why = kda16_choice(shape, route, env)
-    if not take:
-        return cfg, label
-    return dataclasses.replace(cfg, kda_chunk16=True), f"{label}; 16-token tiles ({why})"
+    for choice, field, what in _KDA_FORMS:
+        take, why = getattr(tuned, choice)(shape, route, env)
+        if take:
+            cfg, label = dataclasses.replace(cfg, **{field: True}), f"{label}; {what} ({why})"
+    return cfg, label
 
 
 def _pin_path(shape, route: str, cfg, label: str):
