@@ -139,10 +139,7 @@ class _Bench:
         """The 16-token form's prepared tiles (the loop's inputs), once per route and gate regime."""
         key = ("kda16", route, gates or self.shape.gate_regime)
         if key not in self._stage:
-            st, x = self.stage_inputs(route, gates), self.full_inputs(gates)
-            self._stage[key] = self.ops.kda16_prepare(st["q"], st["k"], x.g, x.beta, scale=x.scale,
-                                                      norm_q=st["fuse_q"], norm_k=st["fuse_k"], varlen=st["info"],
-                                                      config=self.base)
+            self._stage[key] = self.stage_call("kda16_prep", route, self.base, gates=gates)()
         return self._stage[key]
 
     def stage_call(self, kernel: str, route: str, cfg, on_launch=None, gates: str | None = None):

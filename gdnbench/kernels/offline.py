@@ -177,15 +177,13 @@ def _run_route(ops, torch, family, norm, varlen, one_pass, K, V, H=4, HV=8, in_l
     config = ops.default_config(K, V, 2, family)
     if family == "kda":
         g = -torch.rand(1, T, HV, K)
-        if in_loop == "chunk16":  # bounded gates only
-            ops.chunk_kda(q, k, v, g, beta, initial_state=h0, output_final_state=True, cu_seqlens=cu, norm=norm,
-                          lower_bound=-5.0, config=dataclasses.replace(config, kda_chunk16=True))
-            return
         # the bounded form (the contract shapes' gates), then the unbounded one; chunk_kda's own default config
         # for each (the unbounded form's takes more warps)
-        if one_pass:  # the one-pass kernel is the same for both gate forms: the bounded one, one pass on
+        if one_pass or in_loop == "chunk16":  # the one pass is the same for both gate forms; 16-token tiles are
+            # bounded only: the bounded form, that path on
             ops.chunk_kda(q, k, v, g, beta, initial_state=h0, output_final_state=True, cu_seqlens=cu, norm=norm,
-                          lower_bound=-5.0, config=dataclasses.replace(config, one_pass=True))
+                          lower_bound=-5.0,
+                          config=dataclasses.replace(config, one_pass=one_pass, kda_chunk16=in_loop == "chunk16"))
             return
         for lower_bound in (-5.0, None):
             ops.chunk_kda(q, k, v, g, beta, initial_state=h0, output_final_state=True, cu_seqlens=cu, norm=norm,

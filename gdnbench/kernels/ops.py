@@ -485,8 +485,8 @@ def kda16_prepare(q, k, g, beta, *, scale, norm_q=False, norm_k=False, varlen=No
     inv, mqk = (torch.empty(tiles, HV, 16, 16, device=k.device, dtype=k.dtype) for _ in range(2))
     dec = torch.empty(tiles, HV, K, device=k.device, dtype=torch.float32)
     _launch(kda16_prep_kernel, (n_chunks, B * HV, 4), config.kda16_prep,
-            q, k, g, beta, qd, kd, kr, inv, mqk, dec, None if varlen is None else varlen.cu_seqlens,
-            None if varlen is None else varlen.chunk_indices, T, NT, float(scale), H=H, HV=HV, K=K, BK=next_pow2(K),
+            q, k, g, beta, qd, kd, kr, inv, mqk, dec, *_varlen_args(varlen), T, NT, float(scale), H=H, HV=HV, K=K,
+            BK=next_pow2(K),
             IS_VARLEN=varlen is not None, NORM_Q=norm_q, NORM_K=norm_k, PREC=_precision(k.dtype), hooks=on_launch)
     return dict(qd=qd, kd=kd, kr=kr, inv=inv, mqk=mqk, dec=dec)
 
