@@ -480,6 +480,15 @@ def test_kda16_choice_times_its_two_kernels_against_the_ones_they_replace(tmp_pa
     save("kda_state_out", 100.0)  # the one pass is chosen (100 < 780): the form is timed against it
     assert tuned.kda16_choice(shape, "flag", ENV, tmp_path) == (
         False, "kda16_prep + kda16_loop 1200.0 us vs kda_intra + wu + kda_state_out 1080.0 us")
+    # fused_qk: its prepare variant is timed; the replaced kernels it has no entry for take flag's
+    assert tuned.kda16_choice(shape, "fused_qk", ENV, tmp_path) == (False, "no tuned kda16_prep")
+    save("kda16_prep", 320.0, "fused_qk")
+    assert tuned.kda16_choice(shape, "fused_qk", ENV, tmp_path) == (
+        True, "kda16_prep + kda16_loop 1220.0 us vs kda_intra + wu + state + output_fused 1760.0 us")
+    save("kda_intra", 50.0, "fuse_k")
+    save("wu", 10.0, "fuse_k")
+    assert tuned.kda16_choice(shape, "fused_qk", ENV, tmp_path) == (
+        False, "kda16_prep + kda16_loop 1220.0 us vs kda_intra + wu + state + output_fused 840.0 us")
     assert tuned.kda16_choice(dataclasses.replace(shape, lower_bound=None), "flag", ENV, tmp_path) == (False, "")
     assert tuned.kda16_choice(_shape(), "flag", ENV, tmp_path) == (False, "")
     assert tuned.kda16_choice(shape, "flag", None, tmp_path) == (False, "")
