@@ -622,7 +622,7 @@ def test_dry_run_lists_kda_searches_for_kda_legacy6():
                    "wu variant=fuse_k route=fused_qk", "state variant=plain route=flag",
                    "output_fused variant=fused_q route=fused_q"):
         assert f"{search} {key}" in r.output
-    assert "gram" not in r.output and "state variant=fuse_k" not in r.output
+    assert "gram variant" not in r.output and "state variant=fuse_k" not in r.output
     # 4 shape keys (the mixed and uniform sets of a head count share one) x 14 specializations (10, and the
     # 16-token form's prepare kernel per norm variant and its loop)
     assert "56 searches, nothing run" in r.output and "output_fused variant=fused_qk" not in r.output

@@ -9,9 +9,12 @@ os.environ["TRITON_INTERPRET"] = "1"
 
 import pytest  # noqa: E402
 import torch  # noqa: E402
+import triton  # noqa: E402
+import triton.language as tl  # noqa: E402
 
 from gdnbench.kernels import ops  # noqa: E402
 from gdnbench.kernels.config import default_config  # noqa: E402
+from gdnbench.kernels.kda16 import _tf32  # noqa: E402
 from gdnbench.kernels.ops import GDNConfig, chunk_kda, validate  # noqa: E402
 
 from .test_ops_kda import check, make_inputs  # noqa: E402
@@ -84,3 +87,36 @@ def test_backend_takes_bounded_kda_shapes_only():
     assert "bounded gates only" in b.supports(unbounded, "flag", "fwd", "cpu").reason
     cfg, label = b._config(kda, "flag", "cpu")
     assert cfg.kda_chunk16 and label.endswith("kda_chunk16")
+
+
+@triton.jit
+def _round_kernel(x, y):
+    o = tl.arange(0, 8)
+    tl.store(y + o, _tf32(tl.load(x + o)))
+
+
+@pytest.mark.parametrize("norm", ["flag", "fused_qk"])
+def test_tf32_grams_match_the_recurrence(norm):
+    """kda16_prep.tf32_grams (16-bit storage): the grams as one tf32 product of operands rounded to tf32."""
+    cu = torch.tensor([0, 37, 101], dtype=torch.int64)
+    q, k, v, g, beta, s0 = make_inputs(1, 101, 2, 4, 32, 48, torch.float16, n_seqs=2, h0=True, seed=5)
+    base = chunk16(32, 48, torch.float16)
+    cfg = dataclasses.replace(base, kda16_prep=dataclasses.replace(base.kda16_prep, tf32_grams=True))
+    check(norm, torch.float16, q, k, v, g, beta, s0, cu, config=cfg)
+    with pytest.raises(ValueError, match="only kda16_prep forms tile grams"):
+        validate(dataclasses.replace(base, kda16_loop=dataclasses.replace(base.kda16_loop, tf32_grams=True)), 32, 48,
+                 2, "kda")
+
+
+def test_tf32_rounds_to_nearest():
+    """kda16._tf32 keeps 10 mantissa bits, rounding to nearest (ties away from zero): no bias to zero."""
+    one = 1.0 + 2.0 ** -10  # tf32's step at 1
+    x = torch.tensor([1.0, 1 + 2.0 ** -11 * 0.9, 1 + 2.0 ** -11 * 1.1, -(1 + 2.0 ** -11 * 1.1), 3.0 ** 0.5,
+                      1e-30, 2.0 ** 100, 0.0])
+    y = torch.empty_like(x)
+    _round_kernel[(1,)](x, y)
+    bits = x.view(torch.int32)
+    want = ((bits + 0x1000) & ~0x1FFF).view(torch.float32)
+    assert torch.equal(y, want)
+    assert y[1] == 1.0 and y[2] == one and y[3] == -one
+    assert ((y - x).abs() <= x.abs() * 2.0 ** -11).all()

@@ -50,6 +50,9 @@ class KernelConfig:
     # fused_out in 4 or 8 segments only: a head one of whose segments would wait for its predecessor's state splits its
     # V slab over the segment programs instead (split_width columns each), each walking the whole sequence
     split_v: bool = False
+    # kda16_prep only, 16-bit storage: the tile grams as one tf32 product of operands rounded to tf32 first (to
+    # nearest) instead of tf32x3; offline sm_90 198 registers and no stack at 4 warps, against tf32x3's 255 and 8-16 B
+    tf32_grams: bool = False
 
 
 @dataclass(frozen=True)
@@ -300,6 +303,8 @@ def _check(config: GDNConfig, K: int, V: int, dtype_bytes: int, family: str) -> 
         if name != "l2norm" and c.split_v and (name != "fused_out" or c.segments < 4):
             # in two segments none waits (the second one's warm-up reaches back to the sequence start)
             raise ValueError(f"config.{name}.split_v=True: only fused_out in 4 or 8 segments splits V")
+        if name != "l2norm" and c.tf32_grams and name != "kda16_prep":
+            raise ValueError(f"config.{name}.tf32_grams=True: only kda16_prep forms tile grams")
         if name == "l2norm" and (c.BR < 1 or c.BR & (c.BR - 1)):
             raise ValueError(f"config.l2norm.BR={c.BR} must be a power of two")
         if c.num_warps not in _WARPS:

@@ -36,13 +36,20 @@ def _rows(ptr, rows, o_k, mask, stride, NORM: tl.constexpr):
 
 
 @triton.jit
+def _tf32(x):
+    """fp32 x rounded to tf32's 10 mantissa bits, to nearest: a tf32 product of it truncates nothing."""
+    b = x.to(tl.uint32, bitcast=True)
+    return ((b + 0x1000) & 0xFFFFE000).to(tl.float32, bitcast=True)
+
+
+@triton.jit
 def kda16_prep_kernel(q, k, g, beta, qd, kd, kr, inv, mqk, dec, cu_seqlens, chunk_indices, T, NT, scale,
                       H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, BK: tl.constexpr, IS_VARLEN: tl.constexpr,
-                      NORM_Q: tl.constexpr, NORM_K: tl.constexpr):
+                      NORM_Q: tl.constexpr, NORM_K: tl.constexpr, TF32_GRAMS: tl.constexpr):
     """Grid (64-token chunks, B*HV, 4): tile i_s of chunk i_c.  q, k [B,T,H,K]; g [B,T,HV,K] natural-log gates;
     beta [B,T,HV]; qd, kd, kr [B,T,HV,K] in k's dtype; inv, mqk [chunks*4, HV, 16, 16] in k's dtype; dec
     [chunks*4, HV, K] fp32 (2^c_last).  The grams take fp32 operands (fp32's exponent range holds k 2^-c; a
-    16-bit k would not in fp16), as tf32x3 products."""
+    16-bit k would not in fp16), as tf32x3 products or (TF32_GRAMS) one tf32 product of rounded operands."""
     i_c, i_bh, i_s = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     i_b, i_hv = i_bh // HV, i_bh % HV
     i_h = i_hv // (HV // H)
@@ -71,9 +78,16 @@ def kda16_prep_kernel(q, k, g, beta, qd, kd, kr, inv, mqk, dec, cu_seqlens, chun
     tl.store(kr + p_tok, k_r.to(kr.dtype.element_ty), mask=m)
 
     lower = rows[:, None] > rows[None, :]
-    # tf32x3: one tf32 product truncates its fp32 operands, which biased o by 7e-4 on the H200 (budget 8e-5)
-    a_l = tl.where(lower, tl.dot(k_d, tl.trans(k_i), input_precision="tf32x3") * b_beta[:, None], 0.0)
-    a_m = tl.where(lower | (rows[:, None] == rows[None, :]), tl.dot(q_d, tl.trans(k_i), input_precision="tf32x3"), 0.0)
+    # a tf32 product truncates its fp32 operands, which biased o by 7e-4 on the H200 (budget 8e-5): tf32x3, or
+    # operands rounded to tf32 first (TF32_GRAMS, 16-bit storage)
+    if TF32_GRAMS:
+        k_t = tl.trans(_tf32(k_i))
+        a_l = tl.where(lower, tl.dot(_tf32(k_d), k_t, input_precision="tf32") * b_beta[:, None], 0.0)
+        a_m = tl.where(lower | (rows[:, None] == rows[None, :]), tl.dot(_tf32(q_d), k_t, input_precision="tf32"), 0.0)
+    else:
+        a_l = tl.where(lower, tl.dot(k_d, tl.trans(k_i), input_precision="tf32x3") * b_beta[:, None], 0.0)
+        a_m = tl.where(lower | (rows[:, None] == rows[None, :]), tl.dot(q_d, tl.trans(k_i), input_precision="tf32x3"),
+                       0.0)
     eye = tl.where(rows[:, None] == rows[None, :], 1.0, 0.0)
     x = eye - a_l
     p = tl.dot(a_l, a_l, input_precision="tf32x3")  # L^2, L^4, L^8: strictly lower, nilpotent
