@@ -226,6 +226,13 @@ def test_exhaustive_when_small_and_budget_stops_descent():
     res = at_search.search(_separable_space(), evaluate, budget_s=1e9, exhaustive_max=100)
     assert res.strategy == "exhaustive" and len(calls) == 60 and calls[0] == {"a": 0, "b": 10, "c": None}
     assert res.best["config"] == {"a": 3, "b": 20, "c": 128}
+    # nearest the default first: the 4 + 2 + 3 single changes before any point that changes two dimensions
+    start = calls[0]
+    changed = [sum(p[d] != start[d] for d in start) for p in calls]
+    assert changed == sorted(changed) and changed[1:10] == [1] * 9
+    evaluate, calls = _fake(lambda p: {"status": "ok", "reason": "", "time_us": _cost(p)})
+    res = at_search.search(_separable_space(), evaluate, budget_s=20, exhaustive_max=100, batch=32)
+    assert res.stopped == "budget" and len(calls) == 32 and {"a": 3, "b": 10, "c": None} in calls
     evaluate, calls = _fake(lambda p: {"status": "ok", "reason": "", "time_us": _cost(p)})
     res = at_search.search(_separable_space(), evaluate, budget_s=3, exhaustive_max=10)
     assert res.stopped == "budget" and len(calls) == 5  # the default, then one sweep

@@ -1,6 +1,7 @@
 """Search a space: exhaustive when small, coordinate descent otherwise; seeds from related cache entries.
 
-Search. A space of at most ``exhaustive_max`` valid points is searched exhaustively. Larger
+Search. A space of at most ``exhaustive_max`` valid points is searched exhaustively, the points nearest the
+default first (fewest dimensions changed), so a search its budget cuts short has tried every single change. Larger
 ones by coordinate descent: start at the default config; sweep one dimension at a time over all
 its values with the others fixed, moving to the fastest point of the sweep when it beats the
 current best by more than ``min_gain`` (1 %: timing noise must not move the search); repeat
@@ -86,7 +87,8 @@ def search(space: Space, evaluate: Evaluate, budget_s: float = DEFAULT_BUDGET_S,
     if len(valid) <= exhaustive_max:
         out = SearchResult("exhaustive", "done")
         run = _Run(space, evaluate, out, on_result)
-        ordered = [space.start] + [p for p in valid if p != space.start]
+        ordered = sorted(valid, key=lambda p: sum(p[d] != space.start.get(d) for d, _ in space.dims))
+        ordered = [space.start] + [p for p in ordered if p != space.start]
         for i in range(0, len(ordered), batch):
             if i and out.spent_s >= budget_s:
                 out.stopped = "budget"
