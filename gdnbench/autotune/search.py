@@ -87,8 +87,8 @@ def search(space: Space, evaluate: Evaluate, budget_s: float = DEFAULT_BUDGET_S,
     if len(valid) <= exhaustive_max:
         out = SearchResult("exhaustive", "done")
         run = _Run(space, evaluate, out, on_result)
-        ordered = sorted(valid, key=lambda p: sum(p[d] != space.start.get(d) for d, _ in space.dims))
-        ordered = [space.start] + [p for p in ordered if p != space.start]
+        ordered = [space.start] + sorted((p for p in valid if p != space.start),
+                                         key=lambda p: sum(p[d] != space.start.get(d) for d, _ in space.dims))
         for i in range(0, len(ordered), batch):
             if i and out.spent_s >= budget_s:
                 out.stopped = "budget"

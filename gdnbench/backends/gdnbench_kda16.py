@@ -2,7 +2,7 @@
 `gdnbench`, e.g. ``gdnbench run -s kda-legacy6 -b gdnbench,gdnbench-kda16,fla``.
 
 Two kernels (a prepare per tile and head, one loop per V block and sequence*head that forms u and o itself) at
-their built-in configs; the l2norm pass of the flag route at `gdnbench`'s tuned config.  Bounded gates only:
+their tuned configs where the cache has them, else their built-in ones, as every kernel `gdnbench` runs.  Bounded gates only:
 a shape without a lower_bound is refused with the reason.
 """
 

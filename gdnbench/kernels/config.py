@@ -303,7 +303,7 @@ def _check(config: GDNConfig, K: int, V: int, dtype_bytes: int, family: str) -> 
         if name != "l2norm" and c.split_v and (name != "fused_out" or c.segments < 4):
             # in two segments none waits (the second one's warm-up reaches back to the sequence start)
             raise ValueError(f"config.{name}.split_v=True: only fused_out in 4 or 8 segments splits V")
-        if name != "l2norm" and c.tf32_grams and name != "kda16_prep":
+        if name not in ("l2norm", "kda16_prep") and c.tf32_grams:
             raise ValueError(f"config.{name}.tf32_grams=True: only kda16_prep forms tile grams")
         if name == "l2norm" and (c.BR < 1 or c.BR & (c.BR - 1)):
             raise ValueError(f"config.l2norm.BR={c.BR} must be a power of two")
