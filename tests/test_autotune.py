@@ -238,6 +238,20 @@ def test_exhaustive_when_small_and_budget_stops_descent():
     assert res.stopped == "budget" and len(calls) == 5  # the default, then one sweep
 
 
+def test_exhaustive_runs_the_seeds_and_their_single_changes_early():
+    """A seed (another search's winner) runs right after the default, and the points one change from it
+    come with the default's single changes, before any point two changes from both."""
+    evaluate, calls = _fake(lambda p: {"status": "ok", "reason": "", "time_us": _cost(p)})
+    seed = {"a": 4, "b": 30}  # from before dimension c: takes the default's c
+    at_search.search(_separable_space(), evaluate, budget_s=1e9, exhaustive_max=100, seeds=[seed, {"z": 1}])
+    anchors = [{"a": 0, "b": 10, "c": None}, {"a": 4, "b": 30, "c": None}]
+    assert calls[:2] == anchors and len(calls) == 60
+    near = [min(sum(p[d] != a[d] for d in a) for a in anchors) for p in calls]
+    # 9 single changes each; (4, 10, None) and (0, 30, None) are one change from both
+    assert near == sorted(near) and near.count(1) == 9 + 9 - 2
+    assert {"a": 4, "b": 30, "c": 128} in calls[:2 + 16]
+
+
 def test_failing_candidates_are_recorded_and_never_win():
     def fn(p):
         if p["a"] == 3:

@@ -109,7 +109,7 @@ class TuneOptions:
     cache_dir: Path | None = None  # None: write the user cache, read it then the shipped winners
     retune: bool = False  # search again where a current cache entry exists
     compile_workers: int = 0  # per rank; see CompilePool
-    seeds: bool = True  # start coordinate descent from the fastest of the default and seed_points()
+    seeds: bool = True  # seed_points(): descent starts at the fastest; exhaustive tries near them first
     shard: str = "searches"  # under torchrun: 'searches' or 'candidates' (see tune())
 
 
