@@ -288,7 +288,7 @@ def kda16_choice(shape, route: str, env: dict | None, cache_dir: Path | None = N
     kda_state_out where that is chosen - for this shape key and route; bounded gates only, every entry current
     on this machine.  A replaced kernel the route has no entry for runs at its default; flag's entry (the plain
     variant, less work, tuned) stands in for it, erring toward the kernels replaced.  H200, h96_fixed, fused_qk:
-    tuned 988.0 + 694.2 us; the run's gpu median 2049.9 -> 1688 us (docs/design.md)."""
+    tuned 987.2 + 694.2 us; the run's gpu median 2049.9 -> 1688 us (docs/design.md)."""
     if shape.family != "kda" or shape.lower_bound is None or env is None or os.environ.get(DISABLE_ENV, "1") == "0":
         return False, ""
     times, missing = _best_times(shape, route, env, cache_dir, KDA16_KERNELS)
