@@ -52,7 +52,8 @@ def test_geomean_counts_and_exclusions():
     assert w.count == 2 and w.value == pytest.approx(0.5) and "illegal memory access" in w.excluded[0]
     best = rep.geomean(d, "gdnbench:best/fla:best", "gpu")  # a: 50/200, b: 400/400, c: 80/100
     assert best.count == 3 and best.value == pytest.approx((0.25 * 1.0 * 0.8) ** (1 / 3))
-    assert "1 over" not in g.text() and g.text().endswith("over 2/3 shapes")
+    assert "1 over" not in g.text() and g.text().endswith("over 2/3 shapes, below 1 on 2")
+    assert best.below_one == 2  # b: 400/400 is not below 1
 
 
 def test_standard_pairs_follow_the_rows():
@@ -61,6 +62,14 @@ def test_standard_pairs_follow_the_rows():
               "gdnbench:fused_qk/fla:flag", "gdnbench:best/fla:best"):
         assert p in pairs
     assert not any("helion" in p for p in pairs)
+
+
+def test_standard_pairs_set_ours_against_the_leaders():
+    rows = ROWS + [row("a", "flashqla", "flag", 150, 75), row("a", "fla-dispatch", "flag", 160, 80)]
+    pairs = rep.standard_pairs(doc(rows))
+    for p in ("gdnbench:best/flashqla:best", "gdnbench:fused_qk/flashqla:flag", "gdnbench:best/fla-dispatch:best"):
+        assert p in pairs
+    assert rep.geomean(doc(rows), "gdnbench:best/flashqla:best", "gpu").text() == "0.667 over 1/3 shapes, below 1 on 1"
 
 
 def test_tuned_over_default_pairs_when_both_gdnbench_backends_ran():

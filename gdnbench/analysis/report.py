@@ -35,9 +35,15 @@ class Geomean:
     excluded: list[str]
     per_shape: dict[str, float] = field(default_factory=dict)
 
+    @property
+    def below_one(self) -> int:
+        """Shapes where NUM is faster than DEN."""
+        return sum(r < 1 for r in self.per_shape.values())
+
     def text(self) -> str:
-        v = f"{self.value:.3f}" if self.value is not None else "n/a"
-        return f"{v} over {self.count}/{self.total} shapes"
+        if self.value is None:
+            return f"n/a over {self.count}/{self.total} shapes"
+        return f"{self.value:.3f} over {self.count}/{self.total} shapes, below 1 on {self.below_one}"
 
 
 def median(row: Row | None, kind: str) -> float | None:
@@ -135,7 +141,7 @@ def standard_pairs(doc: RunDocument) -> list[str]:
         pairs += [f"{ours}:{r}/gdnbench-default:{r}" for r in ROUTES
                   if (ours, r) in have and ("gdnbench-default", r) in have]
         pairs.append(f"{ours}:best/gdnbench-default:best")
-    for other in ("fla", "helion", "helion-linear", "flashinfer"):
+    for other in ("fla", "fla-dispatch", "flashqla", "flashinfer", "helion", "helion-linear"):
         if ours not in backends or other not in backends:
             continue
         for r in ("explicit", "flag"):
