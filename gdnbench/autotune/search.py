@@ -97,7 +97,7 @@ def _anchors(space: Space, seeds: list[Point]) -> list[Point]:
 
 
 def _changed(p: Point, anchor: Point, space: Space) -> int:
-    return sum(p[d] != anchor.get(d) for d, _ in space.dims)
+    return sum(p[d] != anchor[d] for d, _ in space.dims)
 
 
 def search(space: Space, evaluate: Evaluate, budget_s: float = DEFAULT_BUDGET_S,
