@@ -382,6 +382,21 @@ def test_small_head_hazards():
     validate(GDNConfig(output_fused=KernelConfig(BK=32, BV=128, num_warps=4)), 32, 32)  # V=32: not a hazard
 
 
+def test_fused_out_one_stage_hazard():
+    """fused_out's 128-row pieces walking 32 columns at one stage read shared memory out of bounds on the H200
+    (compute-sanitizer memcheck): rejected, split_v's 32-column share included; 2 stages, 64-row pieces and BV 64
+    pass."""
+    def loop(**kw):
+        return GDNConfig(in_loop="wu", fused_out=KernelConfig(**kw))
+    for bad in (dict(BK=128, BV=32, num_stages=1), dict(BK=128, BV=64, segments=4, split_v=True, num_stages=1),
+                dict(BK=128, BV=32, num_warps=8, num_stages=1)):
+        with pytest.raises(ValueError, match=r"config\.fused_out: .*walking 32 columns or fewer need num_stages"):
+            validate(loop(**bad), 128, 128)
+    for good in (dict(BK=128, BV=32, num_stages=2), dict(BK=64, BV=32, num_stages=1), dict(BK=128, BV=64, num_stages=1),
+                 dict(BK=64, BV=64, segments=4, split_v=True, num_stages=1)):
+        validate(loop(**good), 128, 128)
+
+
 def test_validate_remembers_only_what_passed():
     """validate caches a passing check; a failing one raises on every call, an unhashable field too."""
     good, bad = GDNConfig(), GDNConfig(gram=KernelConfig(BK=48))

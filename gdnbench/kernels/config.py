@@ -227,13 +227,21 @@ def _codegen_hazard(name: str, c, K: int, V: int, elt: int) -> str | None:
     4), and the output kernels in 16-bit storage at 4 warps do so at the final [64, 64] x [64, 16] dot,
     every route (clean at 2 warps or BK 16); KDA fused_qk bf16 there gave a wrong o (rel-RMS 0.73)
     with no sanitizer error.  The rules cover every 16-wide block, not only the measured heads; with
-    them 44 sanitizer runs (heads 16..256, both families, fp32/bf16/fp16) were clean."""
+    them 44 sanitizer runs (heads 16..256, both families, fp32/bf16/fp16) were clean.  fused_out at
+    K = V = 128 (bf16, h16_hv32_fixed8k): 128-row state pieces walking 32 columns (BV 32, or split_v's
+    32-column share of BV 64) at one stage read shared memory out of bounds at the state update's dot, at
+    4 and 8 warps (295-982 errors; a plain run died of an illegal memory access); clean at 2 stages, at
+    64-row pieces and at BV 64."""
     if name == "wu" and elt == 4 and c.num_warps > 4 and min(block(c.BK, K), block(c.BV, V)) <= 16:
         return "fp32 w/u at a 16-wide block needs num_warps <= 4"
     if name in ("output", "output_fused", "state_out", "fused_out", "kda_state_out") and block(c.BV, V) <= 16 \
             and c.num_warps > 2:
         # state_out ends each chunk with the same [64, 64] x [64, BV] dot (not measured there: the rule's reach)
         return "the output kernels at a 16-wide V block need num_warps <= 2"
+    if name == "fused_out" and c.num_stages == 1 and state_piece(c, K) >= 128:
+        width = split_width(block(c.BV, V), c.segments) if c.split_v else block(c.BV, V)
+        if width <= 32:
+            return "fused_out's 128-row state pieces walking 32 columns or fewer need num_stages >= 2"
     return None
 
 
