@@ -63,3 +63,21 @@ def test_normalized_code_drops_line_info_but_keeps_instructions():
 def test_an_old_tree_without_gdnbench_is_refused(tmp_path, capsys):
     assert rekey.main(["--old", str(tmp_path)]) == 2
     assert "--old" in capsys.readouterr().err
+
+
+
+def test_the_compile_child_imports_a_relative_old_tree_by_its_absolute_path(tmp_path, monkeypatch):
+    """The child runs in the tree with the script's folder first on sys.path, so a relative PYTHONPATH
+    would miss the tree and import the installed gdnbench: every entry would compare with itself."""
+    seen = {}
+
+    def run(cmd, **kw):
+        seen.update(kw)
+        return type("Done", (), {"returncode": 0, "stdout": "[[]]", "stderr": ""})()
+
+    (tmp_path / "old").mkdir()
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(rekey.subprocess, "run", run)
+    e = entry()
+    assert rekey.tree_digests(rekey.Path("old"), [e])(e) == []
+    assert seen["env"]["PYTHONPATH"] == str((tmp_path / "old").resolve())

@@ -170,7 +170,7 @@ def tree_digests(tree: Path, entries: list[dict]) -> Digests:
         shapes = [ShapeKey.parse(e["key"]["shape_key"]) for e in entries]
         jobs = [[e["kernel"], s and dataclasses.asdict(s), e["route"], e["best"]["config"],
                  e.get("shape", {}).get("tokens", 256)] for e, s in zip(entries, shapes)]
-        env = {**os.environ, "PYTHONPATH": str(tree)}
+        env = {**os.environ, "PYTHONPATH": str(tree.resolve())}  # the child runs in tree: a relative path would miss
         env.pop("TRITON_INTERPRET", None)
         r = subprocess.run([sys.executable, __file__, "--child", json.dumps(jobs)], capture_output=True, text=True,
                            env=env, cwd=str(tree))
@@ -205,7 +205,7 @@ def source_hashes(tree: Path) -> dict[str, str]:
     code = ("import json; from gdnbench.kernels import tuned; "
             "print(json.dumps({k: tuned.source_hash(k) for k in tuned.KERNELS}))")
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=str(tree),
-                       env={**os.environ, "PYTHONPATH": str(tree)}, check=True)
+                       env={**os.environ, "PYTHONPATH": str(tree.resolve())}, check=True)
     return json.loads(r.stdout)
 
 
