@@ -15,9 +15,9 @@ h2_hv8_serving: each chunk step is longer, which the longest sequence pays once 
 the work saved grows with the tokens of all sequences and heads (ops picks the path; see
 ``ops.one_pass``).  Outputs were bitwise equal to the two kernels'.
 
-FUSE_Q (fused_q, fused_qk): q is raw.  aqk_kernel accumulates q k^T and q q^T in one pass over the
-chunk's rows, takes q's rstd r from the diagonal (overflow-safe, as the output kernel does), scales
-Aqk's rows by it and writes c_q [B,T,HV,2] fp32, each row's (c, c + log2 r); state_out loads that
+FUSE_Q (fused_q, fused_qk): q is raw.  aqk_kernel accumulates q k^T and q's row sums of squares in
+one pass over the chunk's rows, takes q's rstd r from them (overflow-safe), scales Aqk's rows by it
+and writes c_q [B,T,HV,2] fp32, each row's (c, c + log2 r); state_out loads that
 pair where the plain form loads c, and q h's rows take exp2(c + log2 r) = exp2(c) r.  Measured on the
 H200 (state_out alone, fused tuned configs, CUDA graphs): r loaded as its own
 [64] vector beside c cost 187 -> 248 us at h16_hv32_fixed8k and 727 -> 968 at 32K (about a program per SM
@@ -33,8 +33,7 @@ leave fp16's range).  As in the output kernel, q h on raw q limits q rows to |q|
 import triton
 import triton.language as tl
 
-from .common import chunk_coords, diag_ssq, loop_bound, row_rstd, vec_max
-from .output import _qq_dot
+from .common import chunk_coords, loop_bound, row_rstd, vec_max
 from .state import _add_kv, _initial_pieces, _sequence_span, _store_pieces, _w_times_h
 
 
@@ -49,18 +48,21 @@ def _scaled_rows(xb, rows, m_t, o_k, r, K: tl.constexpr, stride, SCALE: tl.const
 
 @triton.jit
 def _qk_dots(qb, kb, rows, m_t, r, K: tl.constexpr, stride, BT: tl.constexpr, BK: tl.constexpr,
-             SCALE: tl.constexpr, QQ: tl.constexpr, PREC: tl.constexpr):
-    """(q k^T, q q^T if QQ) over the K tiles of one chunk; SCALE: q's rows times r on load."""
+             SCALE: tl.constexpr, SSQ: tl.constexpr, PREC: tl.constexpr):
+    """(q k^T, q's row sums of squares if SSQ, else zeros) over the K tiles of one chunk; SCALE: q's
+    rows times r on load.  The sums come from the q tiles already loaded, in fp32 (inf where a row
+    overflows, which row_rstd's rare path takes)."""
     b_s = tl.zeros([BT, BT], dtype=tl.float32)
-    b_qq = tl.zeros([BT, BT], dtype=tl.float32)
+    ssq = tl.zeros([BT], dtype=tl.float32)
     for i_k in range(tl.cdiv(K, BK)):
         o_k = i_k * BK + tl.arange(0, BK)
         b_q = _scaled_rows(qb, rows, m_t, o_k, r, K, stride, SCALE)
         b_kt = tl.load(kb + rows[None, :] * stride + o_k[:, None], mask=(o_k < K)[:, None] & m_t[None, :], other=0.0)
         b_s = tl.dot(b_q, b_kt, b_s, input_precision=PREC)
-        if QQ:
-            b_qq = _qq_dot(b_q, b_qq, PREC)
-    return b_s, b_qq
+        if SSQ:
+            b_qf = b_q.to(tl.float32)
+            ssq += tl.sum(b_qf * b_qf, 1)
+    return b_s, ssq
 
 
 @triton.jit(do_not_specialize=["T", "NT"])
@@ -72,10 +74,13 @@ def aqk_kernel(q, k, g_cs, aqk, c_q, cu_seqlens, chunk_indices, T, NT,
     differ between its value heads (H200, gdn-qwen6, against one program per value head at tuned
     configs: HV64 57.8 -> 48.5 us, 32K 133.1 -> 118.2; fused_qk HV64 101.7 -> 60.4, HV48 78.7 -> 54.7).
 
-    FUSE_Q: one pass over raw q accumulates q k^T and q q^T (whose diagonal gives q's rstd r, as in the
-    output kernel), then scales the rows.  Where a raw product overflowed fp32 (|q| |k| beyond ~1e38:
-    fused_qk's raw k), the chunk is redone with q's rows normalized on load.  It also writes c_q
-    [B,T,HV,2] fp32: each row's (c, c + log2 r) for state_out."""
+    FUSE_Q: one pass over raw q accumulates q k^T and q's row sums of squares (from the q tiles the dot
+    loads), whose rstd r then scales the rows.  Where a raw product overflowed fp32 (|q| |k| beyond
+    ~1e38: fused_qk's raw k), the chunk is redone with q's rows normalized on load.  It also writes c_q
+    [B,T,HV,2] fp32: each row's (c, c + log2 r) for state_out, as one [64, 2] tile.  Against the
+    diagonal of a q q^T dot and two strided stores (H200, kernel alone, CUDA graphs, the old entries'
+    configs): 44.2 -> 38.6 us at h16_hv32_fixed8k, 159.2 -> 139.9 at 32K, 53.5 -> 50.6 at HV48; slower
+    at HV64 (60.2 -> 68.0, 59.6 at its searched entry) and mixed (10.4 -> 11.6)."""
     i_c, i_bh = tl.program_id(0), tl.program_id(1)
     i_b, i_h = i_bh // H, i_bh % H
     G: tl.constexpr = HV // H
@@ -84,10 +89,10 @@ def aqk_kernel(q, k, g_cs, aqk, c_q, cu_seqlens, chunk_indices, T, NT,
     m_t = rows < n_valid
     qb = q + tok0 * (H * K) + i_h * K
     kb = k + tok0 * (H * K) + i_h * K
-    b_s, b_qq = _qk_dots(qb, kb, rows, m_t, m_t.to(tl.float32), K, H * K, BT, BK, False, FUSE_Q, PREC)
+    b_s, ssq = _qk_dots(qb, kb, rows, m_t, m_t.to(tl.float32), K, H * K, BT, BK, False, FUSE_Q, PREC)
     r = m_t.to(tl.float32)
     if FUSE_Q:
-        r = row_rstd(qb, rows, m_t, diag_ssq(b_qq, rows, PREC), K, H * K, BK)
+        r = row_rstd(qb, rows, m_t, ssq, K, H * K, BK)
         overflowed = tl.where(tl.abs(b_s) < float("inf"), 0, 1)  # inf or NaN (NaN compares false)
         if vec_max(tl.max(overflowed, 1)) == 0:
             b_s = b_s * r[:, None]
@@ -98,9 +103,9 @@ def aqk_kernel(q, k, g_cs, aqk, c_q, cu_seqlens, chunk_indices, T, NT,
         i_hv = i_h * G + j
         c = tl.load(g_cs + tok0 * HV + i_hv + rows * HV, mask=m_t, other=0.0)
         if FUSE_Q:
-            p_cq = c_q + (tok0 * HV + i_hv) * 2 + rows * (HV * 2)
-            tl.store(p_cq, c, mask=m_t)
-            tl.store(p_cq + 1, c + tl.log2(r), mask=m_t)
+            pair = tl.join(c, c + tl.log2(r))  # [BT, 2]: one 8-byte store per row
+            p_cq = c_q + (tok0 * HV + i_hv) * 2 + rows[:, None] * (HV * 2) + tl.arange(0, 2)[None, :]
+            tl.store(p_cq, pair, mask=m_t[:, None])
         b_a = tl.where(keep, b_s * tl.math.exp2(c[:, None] - c[None, :]), 0.0)
         tl.store(aqk + tok0 * (HV * BT) + i_hv * BT + rows[:, None] * (HV * BT) + rows[None, :],
                  b_a.to(aqk.dtype.element_ty), mask=m_t[:, None])
