@@ -65,7 +65,6 @@ def test_an_old_tree_without_gdnbench_is_refused(tmp_path, capsys):
     assert "--old" in capsys.readouterr().err
 
 
-
 def test_the_compile_child_imports_a_relative_old_tree_by_its_absolute_path(tmp_path, monkeypatch):
     """The child runs in the tree with the script's folder first on sys.path, so a relative PYTHONPATH
     would miss the tree and import the installed gdnbench: every entry would compare with itself."""

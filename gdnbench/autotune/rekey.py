@@ -159,6 +159,14 @@ def launch_digests(kernel: str, shape: dict | None, route: str, point: dict, tok
 
 
 # ----------------------------------------------------------------------------- parent side
+def tree_env(tree: Path) -> dict[str, str]:
+    """The environment of a child that imports ``tree``'s gdnbench.  The path is absolute: the child runs
+    in the tree, so a relative one would miss it and the installed gdnbench would be imported instead."""
+    env = {**os.environ, "PYTHONPATH": str(tree.resolve())}
+    env.pop("TRITON_INTERPRET", None)
+    return env
+
+
 def tree_digests(tree: Path, entries: list[dict]) -> Digests:
     """Digests of entries compiled in ``tree``: one child process (PYTHONPATH=tree) compiles all of
     ``entries`` serially on first use (one import of torch and the kernels, not one per entry)."""
@@ -170,10 +178,8 @@ def tree_digests(tree: Path, entries: list[dict]) -> Digests:
         shapes = [ShapeKey.parse(e["key"]["shape_key"]) for e in entries]
         jobs = [[e["kernel"], s and dataclasses.asdict(s), e["route"], e["best"]["config"],
                  e.get("shape", {}).get("tokens", 256)] for e, s in zip(entries, shapes)]
-        env = {**os.environ, "PYTHONPATH": str(tree.resolve())}  # the child runs in tree: a relative path would miss
-        env.pop("TRITON_INTERPRET", None)
         r = subprocess.run([sys.executable, __file__, "--child", json.dumps(jobs)], capture_output=True, text=True,
-                           env=env, cwd=str(tree))
+                           env=tree_env(tree), cwd=str(tree))
         if r.returncode:
             why = (r.stderr.strip().splitlines() or ["?"])[-1][:200]
             done.update({id(e): why for e in entries})
@@ -205,7 +211,7 @@ def source_hashes(tree: Path) -> dict[str, str]:
     code = ("import json; from gdnbench.kernels import tuned; "
             "print(json.dumps({k: tuned.source_hash(k) for k in tuned.KERNELS}))")
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=str(tree),
-                       env={**os.environ, "PYTHONPATH": str(tree.resolve())}, check=True)
+                       env=tree_env(tree), check=True)
     return json.loads(r.stdout)
 
 
