@@ -121,8 +121,7 @@ def test_kda_tasks_per_route():
 
 def test_plan_tasks_dedupes_specializations():
     tasks = at_plan.plan_tasks(["explicit", "flag"], list(at_space.KERNELS))
-    assert [t.kernel for t in tasks] == ["l2norm", "gram", "wu", "state", "output", "aqk", "state_out", "fused_out",
-                                         "gram_aqk"]
+    assert [t.kernel for t in tasks] == ["l2norm", "gram", "wu", "state", "output", "aqk", "state_out", "fused_out"]
     assert [(t.kernel, t.variant, t.route) for t in at_plan.plan_tasks(["fused_q", "fused_qk"], ["aqk", "state_out"])] == [
         ("aqk", "fused_q", "fused_q"), ("state_out", "fused_q", "fused_q")]
     assert [(t.kernel, t.variant, t.route) for t in at_plan.plan_tasks(list(at_space.ROUTES), ["fused_out"])] == [
@@ -372,19 +371,17 @@ def test_source_hash_follows_each_kernels_own_code(tmp_path, monkeypatch):
     shutil.copytree(cache_key.KERNEL_DIR, kdir)
     try:
         before = hashes(kdir)
-        # two tuned kernels share their jit function twice: output / output_fused, gram / gram_aqk
-        assert before["output"] == before["output_fused"] and before["gram"] == before["gram_aqk"]
-        assert len(set(before.values())) == len(before) - 2
+        assert before["output"] == before["output_fused"] and len(set(before.values())) == len(before) - 1
         intra = kdir / "intra.py"
         intra.write_text(intra.read_text().replace("def gram_solve_kernel(", "def gram_solve_kernel(  ", 1))
         after = hashes(kdir)
-        assert [k for k in before if before[k] != after[k]] == ["gram", "gram_aqk"]
+        assert [k for k in before if before[k] != after[k]] == ["gram"]
         common = kdir / "common.py"
         common.write_text(common.read_text().replace("SSQ_LO = tl.constexpr(2.0**-70)",
                                                      "SSQ_LO = tl.constexpr(2.0**-71)"))
         changed = {k for k, h in hashes(kdir).items() if h != after[k]}
         # via row_rstd / l2_rstd
-        assert changed == {"l2norm", "gram", "gram_aqk", "kda_intra", "output", "output_fused", "aqk", "kda_state_out"}
+        assert changed == {"l2norm", "gram", "kda_intra", "output", "output_fused", "aqk", "kda_state_out"}
     finally:  # the caches must not keep the copy's hashes for later tests
         cache_key.clear_caches()
 
@@ -452,7 +449,6 @@ def test_gdnbench_runs_the_in_loop_form_where_it_was_timed_faster(monkeypatch):
     shape = _shape()
     one = dataclasses.replace(default_config(128, 128, 2), one_pass=True)
     monkeypatch.setattr(tuned, "in_loop_choice", lambda *a: ("wu", "fused_out 1.0 us vs state_out + wu 2.0 us"))
-    monkeypatch.setattr(tuned, "merge_aqk_choice", lambda *a: (False, "no tuned gram_aqk"))
     cfg, label = gb._in_loop(shape, "flag", ENV, one, "tuned: wu[..]; one pass")
     assert cfg == dataclasses.replace(one, in_loop="wu")
     assert label == "tuned: wu[..]; one pass, in loop: wu (fused_out 1.0 us vs state_out + wu 2.0 us)"
@@ -461,42 +457,6 @@ def test_gdnbench_runs_the_in_loop_form_where_it_was_timed_faster(monkeypatch):
     assert gb._in_loop(shape, "flag", None, one, "x") == (one, "x")  # no machine, no tuned times
     monkeypatch.setattr(tuned, "in_loop_choice", lambda *a: (None, "no tuned wu"))
     assert gb._in_loop(shape, "flag", ENV, one, "x") == (one, "x")
-
-
-def test_merge_aqk_choice_times_gram_aqk_against_gram_and_aqk(tmp_path, monkeypatch):
-    """gram_aqk against gram + aqk; under fused_qk with the loops too (its merged form runs fused_q's loop on k
-    normalized), and the backend then takes fused_q's tuned loop."""
-    import dataclasses
-
-    from gdnbench.backends import gdnbench as gb
-    from gdnbench.kernels.config import KernelConfig, default_config
-
-    shape = _shape()
-    save = _fill(tuned.merge_aqk_choice, False, shape, tmp_path, [("gram_aqk", 70.0), ("gram", 40.0), ("aqk", 35.0),
-                                                                  ("fused_out", 250.0)])
-    assert tuned.merge_aqk_choice(shape, "flag", ENV, tmp_path) == (True, "gram_aqk 70.0 us vs gram + aqk 75.0 us")
-    save("gram_aqk", 80.0)
-    assert tuned.merge_aqk_choice(shape, "flag", ENV, tmp_path)[0] is False
-    for kernel, t, variant in (("gram_aqk", 70.0, "fused_qk"), ("gram", 45.0, "fuse_k"), ("aqk", 38.0, "fused_q"),
-                               ("fused_out", 276.0, "fused_qk")):
-        save(kernel, t, variant)
-    assert tuned.merge_aqk_choice(shape, "fused_qk", ENV, tmp_path) == (False, "no tuned fused_out [fused_q]")
-    save("fused_out", 252.0, "fused_q")
-    assert tuned.merge_aqk_choice(shape, "fused_qk", ENV, tmp_path) == (
-        True, "gram_aqk + fused_out [fused_q] 322.0 us vs gram + aqk + fused_out 359.0 us")
-    assert tuned.merge_aqk_choice(_kda_shape(), "flag", ENV, tmp_path) == (False, "")
-    assert tuned.merge_aqk_choice(shape, "flag", None, tmp_path) == (False, "")
-
-    one = dataclasses.replace(default_config(128, 128, 2), one_pass=True)
-    loop = KernelConfig(BK=64, BV=64, segments=4, split_v=True)
-    monkeypatch.setattr(tuned, "in_loop_choice", lambda *a: ("wu", "w"))
-    monkeypatch.setattr(tuned, "merge_aqk_choice", lambda *a: (True, "m"))
-    monkeypatch.setattr(tuned, "winner_config", lambda kernel, shape, variant, env: loop if variant == "fused_q" else None)
-    cfg, label = gb._in_loop(shape, "fused_qk", ENV, one, "x")
-    assert cfg == dataclasses.replace(one, in_loop="wu", merge_aqk=True, fused_out=loop)
-    assert label == "x, in loop: wu (w); Aqk in gram (m), fused_q's loop"
-    cfg, label = gb._in_loop(shape, "flag", ENV, one, "x")
-    assert cfg == dataclasses.replace(one, in_loop="wu", merge_aqk=True) and label == "x, in loop: wu (w); Aqk in gram (m)"
 
 
 def test_kda_one_pass_choice_times_it_against_state_and_output(tmp_path, monkeypatch):

@@ -98,54 +98,6 @@ def test_fused_qk_huge_rows_finite():
     assert rel_rms(o, ro) < 1e-4 and rel_rms(fs, rf) < 1e-4, (rel_rms(o, ro), rel_rms(fs, rf))
 
 
-@pytest.mark.parametrize("share", [False, True])
-@pytest.mark.parametrize("norm,dtype", [("none", torch.float32), ("flag", torch.float16), ("fused_q", torch.float32),
-                                        ("fused_qk", torch.float32), ("fused_qk", torch.float16)])
-def test_merged_aqk_matches_separate_kernels(norm, dtype, share, monkeypatch):
-    """merge_aqk: gram_solve's program writes Aqk (and c_q) as aqk_kernel does, per value head or once per key
-    head (share): the same Aqk, c_q, g_cs and A, bitwise; under fused_qk also k_n, k times gram_solve's rstd, and
-    Aqk as aqk_kernel forms it on k_n.  The forward: bitwise the unmerged one, under fused_qk (its loop on k_n,
-    fused_q's form) within the one-pass agreement; varlen with a tail, GVA 2, K != V."""
-    monkeypatch.setattr(ops, "GRAM_SHARE_MIN_PROGRAMS", 1 if share else 10**9)
-    cu = torch.tensor([0, 37, 101, 131], dtype=torch.int64)
-    q, k, v, g, beta, s0 = make_inputs(1, 131, 2, 4, 32, 48, dtype, n_seqs=3, h0=True, seed=7)
-    if norm == "none":
-        q, k = l2norm(q), l2norm(k)
-    fuse_q, fuse_k = norm.startswith("fused"), norm == "fused_qk"
-    kn = k if norm in ("none", "fused_qk") else l2norm(k)
-    qn = l2norm(q) if norm == "flag" else q
-    varlen = ops.prepare_varlen(cu)
-    cfg = default_config(32, 48, q.element_size())
-    g_cs, A, rk, ssq = ops.gram_solve(kn, g, beta, varlen=varlen, fuse_k=fuse_k, config=cfg)
-    k_n = (k.float() * rk[..., None]).to(dtype) if fuse_k else None
-    aqk, c_q = ops.chunk_aqk(qn, kn if k_n is None else k_n, g_cs, fuse_q=fuse_q, varlen=varlen, config=cfg)
-    merged = ops.gram_solve_aqk(qn, kn, g, beta, fuse_q=fuse_q, varlen=varlen, fuse_k=fuse_k, config=cfg)
-    for a, b in zip((g_cs, A, rk, ssq, aqk, c_q, k_n), merged):
-        assert (a is None and b is None) or torch.equal(a, b)
-    new, _ = configs(32, 48, dtype, "wu")
-    o1, f1 = check(norm, dtype, q, k, v, g, beta, s0, cu, config=dataclasses.replace(new, merge_aqk=True))
-    o2, f2 = chunk_gdn(q, k, v, g, beta, initial_state=s0, output_final_state=True, cu_seqlens=cu, norm=norm,
-                       config=new)
-    if fuse_k:
-        assert rel_rms(o1, o2) < AGREE[dtype] and rel_rms(f1, f2) < AGREE[dtype], (rel_rms(o1, o2), rel_rms(f1, f2))
-    else:
-        assert torch.equal(o1, o2) and torch.equal(f1, f2)
-
-
-@pytest.mark.filterwarnings("ignore:overflow encountered", "ignore:invalid value encountered")
-def test_merged_aqk_fused_qk_huge_rows_finite():
-    """Rows of 1e30 under fused_qk with Aqk written by gram_solve: its fix-up redoes A, k_n and Aqk on k_n."""
-    q, k, v, g, beta, _ = make_inputs(1, 70, 1, 1, 32, 16, torch.float32, seed=3)
-    q[0, [2, 66]] *= 1e30
-    k[0, [7, 66]] *= 1e30
-    new, _ = configs(32, 16, torch.float32, "wu")
-    o, fs = chunk_gdn(q, k, v, g, beta, norm="fused_qk", output_final_state=True,
-                      config=dataclasses.replace(new, merge_aqk=True))
-    ro, rf = reference(q, k, v, g, beta)
-    assert torch.isfinite(o).all() and torch.isfinite(fs).all()
-    assert rel_rms(o, ro) < 1e-4 and rel_rms(fs, rf) < 1e-4, (rel_rms(o, ro), rel_rms(fs, rf))
-
-
 def _launched(monkeypatch, config, norm="flag"):
     names = []
     real = ops._launch
@@ -172,10 +124,6 @@ def test_kernels_launched(monkeypatch):
     assert _launched(monkeypatch, base)[-2:] == ["state_kernel", "output_kernel"]  # 2 streams: two kernels
     assert _launched(monkeypatch, dataclasses.replace(base, in_loop="wu"), "fused_qk") == [
         "gram_solve_kernel", "gram_solve_kernel", "aqk_kernel", "fused_state_out_kernel"]  # (gram's fix-up)
-    assert _launched(monkeypatch, dataclasses.replace(base, in_loop="wu", merge_aqk=True), "fused_q") == [
-        "l2norm_kernel", "gram_solve_kernel", "fused_state_out_kernel"]  # Aqk from gram_solve
-    assert _launched(monkeypatch, dataclasses.replace(base, in_loop="wu", merge_aqk=True), "fused_qk") == [
-        "gram_solve_kernel", "gram_solve_kernel", "fused_state_out_kernel"]  # (and its fix-up)
 
 
 def test_refusals():
@@ -192,11 +140,6 @@ def test_refusals():
     with pytest.raises(ValueError, match="config.fused_out needs ~"):
         ops.validate(dataclasses.replace(default_config(128, 128, 4), in_loop="wu",
                                          fused_out=KernelConfig(BV=32, num_stages=3)), 128, 128, 4)
-    with pytest.raises(ValueError, match="merge_aqk=True is a form of in_loop 'wu'"):
-        ops.validate(GDNConfig(merge_aqk=True, in_loop="wu_aqk"), 128, 128)
-    with pytest.raises(ValueError, match="config.gram_aqk.BK=8 must be one of"):
-        ops.validate(GDNConfig(in_loop="wu", merge_aqk=True, gram_aqk=KernelConfig(BK=8)), 128, 128)
-    ops.validate(GDNConfig(in_loop="wu", gram_aqk=KernelConfig(BK=8)), 128, 128)  # not launched: not checked
     ops.validate(GDNConfig(in_loop="wu"), 128, 128)  # the default kernel config, bf16
     q, k, v, g, beta, _ = make_inputs(1, 20, 1, 1, 16, 16, torch.float32)
     for norm in ("fused_q", "fused_qk"):

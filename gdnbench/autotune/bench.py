@@ -159,9 +159,6 @@ class _Bench:
         if kernel == "state":
             return lambda: ops.state_recurrence(st["state_k"], st["w"], st["u"], st["g_cs"],
                                                 initial_state=st["h0"], output_final_state=True, **run)
-        if kernel == "gram_aqk":
-            return lambda: ops.gram_solve_aqk(st["q"], st["k"], x.g, x.beta, fuse_q=st["fuse_q"], fuse_k=st["fuse_k"],
-                                              **run)
         if kernel == "aqk":
             return lambda: ops.chunk_aqk(st["q"], st["k"], st["g_cs"], fuse_q=st["fuse_q"], fuse_k=st["fuse_k"],
                                          **run)

@@ -124,8 +124,6 @@ def launch_digests(kernel: str, shape: dict | None, route: str, point: dict, tok
     cfg = dataclasses.replace(cfg, **{kernel: tuned.kernel_config(kernel, point)})
     if family == "gdn":  # the path that runs ``kernel``
         cfg = dataclasses.replace(cfg, one_pass=kernel in tuned.ONE_PASS_KERNELS, in_loop=tuned.IN_LOOP_OF.get(kernel))
-        if kernel == "gram_aqk":
-            cfg = dataclasses.replace(cfg, merge_aqk=True)
     elif kernel == "kda_state_out":
         cfg = dataclasses.replace(cfg, one_pass=True)
     elif kernel in getattr(tuned, "KDA16_KERNELS", ()):  # (older trees have no 16-token form)

@@ -50,7 +50,7 @@ def dimensions(kernel: str, K: int, V: int) -> list[tuple[str, tuple]]:
         return [("BR", BR_VALUES)] + tail
     blocks = {"gram": ("BK",), "kda_intra": ("BK",), "wu": ("BK", "BV"), "state": ("BK", "BV"), "output": ("BK", "BV"),
               "output_fused": ("BK", "BV"), "aqk": ("BK",), "state_out": ("BK", "BV"), "fused_out": ("BK", "BV"),
-              "kda_state_out": ("BK", "BV"), "kda16_prep": (), "kda16_loop": ("BV",), "gram_aqk": ("BK",)}[kernel]
+              "kda_state_out": ("BK", "BV"), "kda16_prep": (), "kda16_loop": ("BV",)}[kernel]
     segs = {"fused_out": [("segments", SEGMENTS), ("split_v", (False, True))],
             "kda16_prep": [("tf32_grams", (False, True))]}.get(kernel, [])
     return [(b, _blocks_for(K if b == "BK" else V)) for b in blocks] + segs + tail
@@ -89,7 +89,7 @@ class Space:
 # the path pinned while a kernel of one path is tuned, so its gate runs that kernel (GDN: ops.one_pass; KDA:
 # kda_state_out is the one pass)
 _PATH_OF = {"aqk": True, "state_out": True, "fused_out": True, "kda_state_out": True, "state": False, "output": False,
-            "output_fused": False, "gram_aqk": True}
+            "output_fused": False}
 
 
 def full_config(kernel: str, point: Point, base):
@@ -98,7 +98,6 @@ def full_config(kernel: str, point: Point, base):
     return dataclasses.replace(base, **{kernel: tuned.kernel_config(kernel, point)},
                                one_pass=_PATH_OF.get(kernel) if base.one_pass is None else base.one_pass,
                                in_loop=tuned.IN_LOOP_OF.get(kernel, base.in_loop),
-                               merge_aqk=kernel == "gram_aqk" or base.merge_aqk,
                                kda_chunk16=kernel in tuned.KDA16_KERNELS or base.kda_chunk16)
 
 

@@ -110,25 +110,17 @@ class GdnbenchDefaultBackend(GdnbenchBackend):
 
 def _in_loop(shape, route: str, env, cfg, label: str):
     """(config, label) with the in-loop form (kernels/fused_fwd.py) where the autotuner timed it faster than
-    the one-pass pair it replaces on this machine (kernels/tuned.py, ``in_loop_choice``), and there Aqk
-    written by gram_solve where it timed that faster (``merge_aqk_choice``)."""
+    the one-pass pair it replaces on this machine (kernels/tuned.py, ``in_loop_choice``)."""
     if env is None or cfg is None or not cfg.one_pass or cfg.in_loop is not None:
         return cfg, label
     import dataclasses
 
-    from ..kernels.tuned import in_loop_choice, merge_aqk_choice, winner_config
+    from ..kernels.tuned import in_loop_choice
 
     form, why = in_loop_choice(shape, route, env)
     if form is None:
         return cfg, label
-    cfg, label = dataclasses.replace(cfg, in_loop=form), f"{label}, in loop: {form} ({why})"
-    merge, why = merge_aqk_choice(shape, route, env)
-    if merge:
-        cfg, label = dataclasses.replace(cfg, merge_aqk=True), f"{label}; Aqk in gram ({why})"
-        loop = winner_config("fused_out", shape, "fused_q", env) if route == "fused_qk" else None
-        if loop is not None:  # fused_qk's merged form runs fused_q's loop, on k normalized
-            cfg, label = dataclasses.replace(cfg, fused_out=loop), f"{label}, fused_q's loop"
-    return cfg, label
+    return dataclasses.replace(cfg, in_loop=form), f"{label}, in loop: {form} ({why})"
 
 
 # KDA's forms the autotuner may time faster than the kernels they replace: (choice in kernels/tuned.py, the

@@ -40,7 +40,6 @@ KERNEL_DIR = Path(__file__).resolve().parent
 KERNEL_FUNCTIONS = {
     "l2norm": ("common.py", ("l2norm_kernel",)),
     "gram": ("intra.py", ("gram_solve_kernel",)),
-    "gram_aqk": ("intra.py", ("gram_solve_kernel",)),
     "kda_intra": ("intra.py", ("kda_cumsum_kernel", "kda_intra_kernel")),
     "wu": ("intra.py", ("wu_kernel",)),
     "state": ("state.py", ("state_kernel",)),

@@ -154,66 +154,6 @@ def diag_ssq(G, o, PREC: tl.constexpr):
 
 
 @triton.jit
-def _scaled_rows(xb, rows, m_t, o_k, r, K: tl.constexpr, stride, SCALE: tl.constexpr):
-    """A [rows, o_k] tile of x; SCALE: each row times r (in fp32, then back to x's dtype)."""
-    b_x = tl.load(xb + rows[:, None] * stride + o_k[None, :], mask=m_t[:, None] & (o_k < K)[None, :], other=0.0)
-    if SCALE:
-        b_x = (b_x.to(tl.float32) * r[:, None]).to(b_x.dtype)
-    return b_x
-
-
-@triton.jit
-def _qk_dots(qb, kb, rows, m_t, r, K: tl.constexpr, stride, BT: tl.constexpr, BK: tl.constexpr,
-             SCALE: tl.constexpr, SSQ: tl.constexpr, PREC: tl.constexpr):
-    """(q k^T, q's row sums of squares if SSQ, else zeros) over the K tiles of one chunk; SCALE: q's
-    rows times r on load.  The sums come from the q tiles already loaded, in fp32 (inf where a row
-    overflows, which row_rstd's rare path takes)."""
-    b_s = tl.zeros([BT, BT], dtype=tl.float32)
-    ssq = tl.zeros([BT], dtype=tl.float32)
-    for i_k in range(tl.cdiv(K, BK)):
-        o_k = i_k * BK + tl.arange(0, BK)
-        b_q = _scaled_rows(qb, rows, m_t, o_k, r, K, stride, SCALE)
-        b_kt = tl.load(kb + rows[None, :] * stride + o_k[:, None], mask=(o_k < K)[:, None] & m_t[None, :], other=0.0)
-        b_s = tl.dot(b_q, b_kt, b_s, input_precision=PREC)
-        if SSQ:
-            b_qf = b_q.to(tl.float32)
-            ssq += tl.sum(b_qf * b_qf, 1)
-    return b_s, ssq
-
-
-@triton.jit
-def aqk_rows(q, k, g_cs, aqk, c_q, tok0, n_valid, i_h, i_blk, H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr,
-             BK: tl.constexpr, BT: tl.constexpr, FUSE_Q: tl.constexpr, PREC: tl.constexpr, N_HV: tl.constexpr):
-    """One chunk's Aqk = causal(q k^T * exp2(c_i - c_j)) for the value heads of block i_blk (i_blk N_HV ..
-    i_blk N_HV + N_HV - 1, all of key head i_h), q k^T formed once; FUSE_Q: q is raw, its rstd r (from the q tiles the dot loads) scales Aqk's rows and each row's
-    (c, c + log2 r) goes to c_q as one [BT, 2] tile (state_out.py's aqk_kernel says why and what it costs)."""
-    rows = tl.arange(0, BT)
-    m_t = rows < n_valid
-    qb = q + tok0 * (H * K) + i_h * K
-    kb = k + tok0 * (H * K) + i_h * K
-    b_s, ssq = _qk_dots(qb, kb, rows, m_t, m_t.to(tl.float32), K, H * K, BT, BK, False, FUSE_Q, PREC)
-    r = m_t.to(tl.float32)
-    if FUSE_Q:
-        r = row_rstd(qb, rows, m_t, ssq, K, H * K, BK)
-        overflowed = tl.where(tl.abs(b_s) < float("inf"), 0, 1)  # inf or NaN (NaN compares false)
-        if vec_max(tl.max(overflowed, 1)) == 0:
-            b_s = b_s * r[:, None]
-        else:  # a raw product overflowed (|q| |k| beyond ~1e38: fused_qk's raw k): redo on normalized q
-            b_s = _qk_dots(qb, kb, rows, m_t, r, K, H * K, BT, BK, True, False, PREC)[0]
-    keep = (rows[:, None] >= rows[None, :]) & m_t[:, None] & m_t[None, :]
-    for j in tl.static_range(N_HV):
-        i_hv = i_blk * N_HV + j
-        c = tl.load(g_cs + tok0 * HV + i_hv + rows * HV, mask=m_t, other=0.0)
-        if FUSE_Q:
-            pair = tl.join(c, c + tl.log2(r))  # [BT, 2]: one 8-byte store per row
-            p_cq = c_q + (tok0 * HV + i_hv) * 2 + rows[:, None] * (HV * 2) + tl.arange(0, 2)[None, :]
-            tl.store(p_cq, pair, mask=m_t[:, None])
-        b_a = tl.where(keep, b_s * tl.math.exp2(c[:, None] - c[None, :]), 0.0)
-        tl.store(aqk + tok0 * (HV * BT) + i_hv * BT + rows[:, None] * (HV * BT) + rows[None, :],
-                 b_a.to(aqk.dtype.element_ty), mask=m_t[:, None])
-
-
-@triton.jit
 def l2norm_kernel(x, y, M, D: tl.constexpr, DP: tl.constexpr, BR: tl.constexpr):
     """y[r] = x[r] / sqrt(sum(x[r]^2) + eps) for BR rows of a contiguous [M, D] matrix."""
     rows = tl.program_id(0).to(tl.int64) * BR + tl.arange(0, BR)

@@ -103,11 +103,6 @@ class GDNConfig:
     in_loop: str | None = None
     # the one-pass loop of `in_loop`, per (V block, sequence*head), K in pieces of BK rows as in `state`
     fused_out: KernelConfig = field(default_factory=lambda: KernelConfig(BV=32, num_warps=4, num_stages=3))
-    # GDN, in_loop "wu" only: gram_solve's program also writes its chunk's Aqk (and c_q), so aqk_kernel goes and k
-    # is read once (ops.gram_solve_aqk, under the config gram_aqk); `gdnbench` takes it where the tuner timed it
-    # faster than gram + aqk (tuned.merge_aqk_choice)
-    merge_aqk: bool = False
-    gram_aqk: KernelConfig = field(default_factory=lambda: KernelConfig(BK=64, num_warps=4, num_stages=2))
     # KDA only: per-channel gate cumsum (g_cs, times log2 e), per (chunk, head, K block)
     kda_cumsum: KernelConfig = field(default_factory=lambda: KernelConfig(BK=64, num_warps=4, num_stages=1))
     # KDA only: gated K K^T and Q K^T grams from g_cs, (I + A)^-1 solve, per (chunk, head), both grams in one
@@ -172,8 +167,6 @@ def _smem_estimate(name: str, c, K: int, V: int, elt: int, family: str = "gdn") 
         return c.BR * next_pow2(K) * 4
     if name == "gram":
         return st * 4 * BC * block(c.BK, K) * elt
-    if name == "gram_aqk":  # the gram's k tiles, then aqk's
-        return _smem_estimate("gram", c, K, V, elt, family) + _smem_estimate("aqk", c, K, V, elt, family)
     if name == "kda_cumsum":
         return BT * block(c.BK, K) * 4
     if name == "kda_intra":
@@ -281,7 +274,7 @@ def _check(config: GDNConfig, K: int, V: int, dtype_bytes: int, family: str) -> 
             raise ValueError(f"{name}={dim} must be in [16, {MAX_HEAD_DIM}]")
     needs = {"l2norm": (), "gram": ("BK",), "wu": ("BK", "BV"), "state": ("BV",), "output": ("BK", "BV"),
              "output_fused": ("BK", "BV"), "kda_cumsum": ("BK",), "kda_intra": ("BK",), "aqk": ("BK",),
-             "state_out": ("BV",), "fused_out": ("BV",), "kda_state_out": ("BV",), "gram_aqk": ("BK",)}
+             "state_out": ("BV",), "fused_out": ("BV",), "kda_state_out": ("BV",)}
     if family != "gdn" or K > ONE_PASS_MAX_K:
         if config.one_pass and family == "gdn":
             raise ValueError(f"config.one_pass=True needs K <= {ONE_PASS_MAX_K} for GDN, got K={K}")
@@ -289,10 +282,6 @@ def _check(config: GDNConfig, K: int, V: int, dtype_bytes: int, family: str) -> 
             raise ValueError(f"config.in_loop={config.in_loop!r} needs GDN with K <= {ONE_PASS_MAX_K}, "
                              f"got {family} K={K}")
         del needs["aqk"], needs["state_out"], needs["fused_out"]
-    if config.merge_aqk and config.in_loop != "wu":
-        raise ValueError(f"config.merge_aqk=True is a form of in_loop 'wu' (GDN), got in_loop={config.in_loop!r}")
-    if not config.merge_aqk:
-        del needs["gram_aqk"]  # launched only there
     if family != "kda" or not config.one_pass:
         del needs["kda_state_out"]  # KDA's one pass runs it; elsewhere it is not launched
     if config.kda_chunk16:
@@ -357,7 +346,7 @@ def default_config(K: int, V: int, dtype_bytes: int = 2, family: str = "gdn") ->
     is 1.6x faster than 2 stages, but at K = 256 with fp32 storage it does not fit."""
     cfg = DEFAULT_CONFIG
     for name in ("gram", "wu", "state", "output", "output_fused", "kda_cumsum", "kda_intra", "aqk", "state_out",
-                 "fused_out", "kda_state_out", "gram_aqk"):
+                 "fused_out", "kda_state_out"):
         c = getattr(cfg, name)
         while c.num_stages > 1 and _smem_estimate(name, c, K, V, dtype_bytes, family) > SMEM_LIMIT_BYTES:
             c = dataclasses.replace(c, num_stages=c.num_stages - 1)

@@ -21,8 +21,8 @@ state update's key operand.
 import triton
 import triton.language as tl
 
-from .common import (FLAG_BLOCK, L2_EPS, LOG2E, SSQ_BIG, any_flagged, aqk_rows, chunk_coords, diag_ssq, flagged,
-                     l2_rstd, row_rstd, row_sq_sums, vec_max)
+from .common import (FLAG_BLOCK, L2_EPS, LOG2E, SSQ_BIG, any_flagged, chunk_coords, diag_ssq, flagged, l2_rstd,
+                     row_rstd, row_sq_sums, vec_max)
 
 # KDA, fused_qk: above this sum of squares a raw k row times its e^75 gate factor may overflow fp32
 RAW_K_SSQ_MAX = tl.constexpr(2.0**38)
@@ -197,8 +197,7 @@ def _gram_solve(k, g, beta, g_cs, A, rstd_k, ssq_k, tok0, n_valid, i_g, i_h, hv0
                 H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, BK: tl.constexpr,
                 BT: tl.constexpr, BC: tl.constexpr, FUSE_K: tl.constexpr, RARE: tl.constexpr, PREC: tl.constexpr,
                 N_HV: tl.constexpr):
-    """One chunk of key head i_h: the gram once, then gate, solve and store for value heads hv0 .. hv0 + N_HV.
-    Returns the rows' rstd blocks n0 .. n3 (ones unless FUSE_K or RARE)."""
+    """One chunk of key head i_h: the gram once, then gate, solve and store for value heads hv0 .. hv0 + N_HV."""
     o = tl.arange(0, BC)  # rows of sub-block j are j*BC + o within the chunk
     r0 = o
     r1 = o + BC
@@ -222,7 +221,6 @@ def _gram_solve(k, g, beta, g_cs, A, rstd_k, ssq_k, tok0, n_valid, i_g, i_h, hv0
         one = tl.full([BC], 1.0, dtype=tl.float32)
         g00, g10, g11, g20, g21, g22, g30, g31, g32, g33 = _gram_blocks(
             kb, r0, r1, r2, r3, m0, m1, m2, m3, one, one, one, one, H * K, K, BK, BC, False, PREC)
-        n0, n1, n2, n3 = one, one, one, one
         if FUSE_K:
             if PREC == "tf32x3":
                 s0, s1 = _rows_ssq(kb, r0, m0, K, H * K, BK), _rows_ssq(kb, r1, m1, K, H * K, BK)
@@ -250,24 +248,6 @@ def _gram_solve(k, g, beta, g_cs, A, rstd_k, ssq_k, tok0, n_valid, i_g, i_h, hv0
     for r in range(N_HV):
         _gate_solve_store(g, beta, g_cs, A, tok0, hv0 + r, g00, g10, g11, g20, g21, g22, g30, g31, g32, g33,
                           r0, r1, r2, r3, m0, m1, m2, m3, o, HV, BT, BC, PREC)
-    return n0, n1, n2, n3
-
-
-@triton.jit
-def _store_normalized(k, k_n, tok0, n_valid, i_h, n0, n1, n2, n3, H: tl.constexpr, K: tl.constexpr,
-                      BK: tl.constexpr, BC: tl.constexpr):
-    """k_n = the chunk's k rows times their rstd blocks n0 .. n3, in k's dtype (read again through L1/L2)."""
-    o = tl.arange(0, BC)
-    kb = k + tok0 * (H * K) + i_h * K
-    nb = k_n + tok0 * (H * K) + i_h * K
-    for i_k in range(tl.cdiv(K, BK)):
-        o_k = i_k * BK + tl.arange(0, BK)
-        for j in tl.static_range(4):
-            rows = o + j * BC
-            m = (rows < n_valid)[:, None] & (o_k < K)[None, :]
-            n = n0 if j == 0 else n1 if j == 1 else n2 if j == 2 else n3
-            x = tl.load(kb + rows[:, None] * (H * K) + o_k[None, :], mask=m, other=0.0)
-            tl.store(nb + rows[:, None] * (H * K) + o_k[None, :], _normalized(x, n, True), mask=m)
 
 
 @triton.jit
@@ -317,11 +297,11 @@ def _gate_solve_store(g, beta, g_cs, A, tok0, i_hv, g00, g10, g11, g20, g21, g22
 
 @triton.jit(do_not_specialize=["T", "NT", "n_flags"])
 def gram_solve_kernel(
-    k, g, beta, g_cs, A, rstd_k, ssq_k, q, aqk, c_q, k_n, cu_seqlens, chunk_indices, T, NT, n_flags,
+    k, g, beta, g_cs, A, rstd_k, ssq_k, cu_seqlens, chunk_indices, T, NT, n_flags,
     H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, BK: tl.constexpr,
     BT: tl.constexpr, BC: tl.constexpr,
     IS_VARLEN: tl.constexpr, FUSE_K: tl.constexpr, FIXUP: tl.constexpr, PREC: tl.constexpr,
-    SHARE: tl.constexpr, AQK: tl.constexpr, FUSE_Q: tl.constexpr, KN: tl.constexpr,
+    SHARE: tl.constexpr,
 ):
     """Grid (chunks, B*HV), or (chunks, B*H) with SHARE (one program per key head computes the gram
     once for its HV / H value heads).  Writes g_cs (chunk-local cumsum of g, times log2 e), A = (I + L)^-1,
@@ -333,15 +313,7 @@ def gram_solve_kernel(
     its few programs reads FLAG_BLOCK entries of ssq_k at once, so where nothing is flagged the
     launch costs about one small kernel; a launch of the full grid, each program reading its own
     entry, cost 3.5 us at 8K tokens and 11 us at 32K (H200, gdn-qwen6), since every program
-    reserves the whole body's registers and shared memory.
-
-    AQK (the in-loop forward's merged form, GDNConfig.merge_aqk): the same program then writes its chunk's
-    Aqk (and, FUSE_Q, c_q) for its value heads, as aqk_kernel would (common.aqk_rows, q and k as given):
-    k is read once for both grams and the aqk launch goes.  KN (with FUSE_K: fused_qk's merged form) also
-    writes k_n, k's rows normalized by the rstd its gram's diagonal gave, and forms Aqk on k_n, so the loop
-    runs fused_q's form on k_n (no norm pass, no rstd in the loop); every program of a key head writes the
-    same k_n rows, so each reads back its own.  The fix-up launch redoes A (and under KN k_n and Aqk).
-    q, aqk, c_q and k_n are None where unused, which leaves the compiled gram kernel as it was."""
+    reserves the whole body's registers and shared memory."""
     if FIXUP:
         offs = tl.program_id(0) * FLAG_BLOCK + tl.arange(0, FLAG_BLOCK)
         if tl.max(tl.load(ssq_k + offs, mask=offs < n_flags, other=0.0), 0) >= SSQ_BIG:
@@ -354,13 +326,8 @@ def gram_solve_kernel(
                     else:
                         i_c, i_b = i_g % NT, i_g // NT
                     tok0, n_valid, i_g = chunk_coords(i_c, i_b, T, NT, cu_seqlens, chunk_indices, BT, IS_VARLEN)
-                    n0, n1, n2, n3 = _gram_solve(k, g, beta, g_cs, A, rstd_k, ssq_k, tok0, n_valid, i_g, i_h,
-                                                 i_h * (HV // H), H, HV, K, BK, BT, BC, True, True, PREC, HV // H)
-                    if KN:
-                        _store_normalized(k, k_n, tok0, n_valid, i_h, n0, n1, n2, n3, H, K, BK, BC)
-                        tl.debug_barrier()
-                        aqk_rows(q, k_n, g_cs, aqk, c_q, tok0, n_valid, i_h, i_h, H, HV, K, BK, BT, FUSE_Q, PREC,
-                                 HV // H)
+                    _gram_solve(k, g, beta, g_cs, A, rstd_k, ssq_k, tok0, n_valid, i_g, i_h, i_h * (HV // H),
+                                H, HV, K, BK, BT, BC, True, True, PREC, HV // H)
     else:
         i_c, i_bh = tl.program_id(0), tl.program_id(1)
         if SHARE:
@@ -370,18 +337,8 @@ def gram_solve_kernel(
             i_b, hv0 = i_bh // HV, i_bh % HV
             i_h = hv0 // (HV // H)
         tok0, n_valid, i_g = chunk_coords(i_c, i_b, T, NT, cu_seqlens, chunk_indices, BT, IS_VARLEN)
-        n0, n1, n2, n3 = _gram_solve(k, g, beta, g_cs, A, rstd_k, ssq_k, tok0, n_valid, i_g, i_h, hv0,
-                                     H, HV, K, BK, BT, BC, FUSE_K, False, PREC, HV // H if SHARE else 1)
-        if AQK:
-            kq = k
-            if KN:
-                _store_normalized(k, k_n, tok0, n_valid, i_h, n0, n1, n2, n3, H, K, BK, BC)
-                kq = k_n
-            tl.debug_barrier()  # the g_cs (and k_n) rows just stored, read back by other threads
-            if SHARE:
-                aqk_rows(q, kq, g_cs, aqk, c_q, tok0, n_valid, i_h, i_h, H, HV, K, BK, BT, FUSE_Q, PREC, HV // H)
-            else:
-                aqk_rows(q, kq, g_cs, aqk, c_q, tok0, n_valid, i_h, hv0, H, HV, K, BK, BT, FUSE_Q, PREC, 1)
+        _gram_solve(k, g, beta, g_cs, A, rstd_k, ssq_k, tok0, n_valid, i_g, i_h, hv0,
+                    H, HV, K, BK, BT, BC, FUSE_K, False, PREC, HV // H if SHARE else 1)
 
 
 @triton.jit(do_not_specialize=["T", "NT"])

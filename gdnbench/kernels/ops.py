@@ -91,7 +91,6 @@ __all__ = [
     "chunk_output",
     "default_config",
     "gram_solve",
-    "gram_solve_aqk",
     "kda_intra",
     "l2norm",
     "one_pass",
@@ -220,19 +219,6 @@ def gram_solve(k, g, beta, *, varlen=None, fuse_k=False, config: GDNConfig = DEF
     rstd_k [B,T,H] fp32 or None, ssq_k [chunks, H] fp32 or None: the largest sum of squares of each
     chunk's k rows).  fuse_k: a second launch (FIXUP) redoes, overflow-safe, the chunks whose ssq_k
     reached 2^100; its programs of other chunks only read ssq_k."""
-    return _gram_launch(k, g, beta, None, False, varlen, fuse_k, config.gram, on_launch)[:4]
-
-
-def gram_solve_aqk(q, k, g, beta, *, fuse_q=False, varlen=None, fuse_k=False, config: GDNConfig = DEFAULT_CONFIG,
-                   on_launch=None):
-    """:func:`gram_solve` and :func:`chunk_aqk` in one launch (``config.gram_aqk``; the in-loop forward's merged
-    form, ``config.merge_aqk``): (g_cs, A, rstd_k, ssq_k, Aqk, c_q, k_n), each as those two give it, k_n None;
-    under fuse_k, k_n is k's rows normalized (in k's dtype) and Aqk is formed on it, in q's dtype, as fused_q's
-    would be on a normalized k."""
-    return _gram_launch(k, g, beta, q, fuse_q, varlen, fuse_k, config.gram_aqk, on_launch)
-
-
-def _gram_launch(k, g, beta, q, fuse_q, varlen, fuse_k, cfg, on_launch):
     B, T, H, K = k.shape
     HV = beta.shape[2]
     n_grid, NT = _chunk_grid(B, T, varlen)
@@ -240,18 +226,14 @@ def _gram_launch(k, g, beta, q, fuse_q, varlen, fuse_k, cfg, on_launch):
     A = torch.empty(B, T, HV, CHUNK_SIZE, device=k.device, dtype=k.dtype)
     rstd_k = torch.empty(B, T, H, device=k.device, dtype=torch.float32) if fuse_k else None
     ssq_k = torch.empty(B * n_grid, H, device=k.device, dtype=torch.float32) if fuse_k else None
-    aqk = c_q = k_n = None
-    if q is not None:
-        aqk, c_q = _aqk_buffers(q, HV, fuse_q, False)
-        k_n = torch.empty_like(k) if fuse_k else None
+    cfg = config.gram
     n_flags = B * n_grid * H  # (passed to the fix-up only: an unused argument would change the main PTX)
     share = HV > H and n_flags >= GRAM_SHARE_MIN_PROGRAMS
     _launch_fixed_up(gram_solve_kernel, (n_grid, B * (H if share else HV)), cfg,
-                     (k, g, beta, g_cs, A, rstd_k, ssq_k, q, aqk, c_q, k_n, *_varlen_args(varlen), T, NT),
-                     (n_flags,), n_flags, fuse_k, H=H, HV=HV, K=K, BK=block(cfg.BK, K), BT=CHUNK_SIZE, BC=SUB_CHUNK,
-                     IS_VARLEN=varlen is not None, FUSE_K=fuse_k, PREC=_precision(k.dtype), SHARE=share,
-                     AQK=q is not None, FUSE_Q=fuse_q, KN=k_n is not None, hooks=on_launch)
-    return g_cs, A, rstd_k, ssq_k, aqk, c_q, k_n
+                     (k, g, beta, g_cs, A, rstd_k, ssq_k, *_varlen_args(varlen), T, NT), (n_flags,), n_flags, fuse_k,
+                     H=H, HV=HV, K=K, BK=block(cfg.BK, K), BT=CHUNK_SIZE, BC=SUB_CHUNK, IS_VARLEN=varlen is not None,
+                     FUSE_K=fuse_k, PREC=_precision(k.dtype), SHARE=share, hooks=on_launch)
+    return g_cs, A, rstd_k, ssq_k
 
 
 def kda_intra(q, k, g, beta, *, varlen=None, fuse_k=False, raw_q=False, unbounded=False,
@@ -420,20 +402,14 @@ def chunk_aqk(q, k, g_cs, *, fuse_q=False, fuse_k=False, varlen=None, config: GD
     B, T, H, K = q.shape
     HV = g_cs.shape[2]
     n_grid, NT = _chunk_grid(B, T, varlen)
-    aqk, c_q = _aqk_buffers(q, HV, fuse_q, fuse_k)
+    dtype = torch.float32 if fuse_k and q.dtype == torch.float16 else q.dtype
+    aqk = torch.empty(B, T, HV, CHUNK_SIZE, device=q.device, dtype=dtype)
+    c_q = torch.empty(B, T, HV, 2, device=q.device, dtype=torch.float32) if fuse_q else None
     cfg = config.aqk
     _launch(aqk_kernel, (n_grid, B * H), cfg, q, k, g_cs, aqk, c_q, *_varlen_args(varlen), T, NT,
             H=H, HV=HV, K=K, BK=block(cfg.BK, K), BT=CHUNK_SIZE, IS_VARLEN=varlen is not None, FUSE_Q=fuse_q,
             PREC=_precision(q.dtype), hooks=on_launch)
     return aqk, c_q
-
-
-def _aqk_buffers(q, HV: int, fuse_q: bool, fuse_k: bool):
-    """(Aqk, c_q or None) to be written: Aqk in q's dtype, fp32 under fuse_k with fp16 storage."""
-    B, T = q.shape[:2]
-    dtype = torch.float32 if fuse_k and q.dtype == torch.float16 else q.dtype
-    aqk = torch.empty(B, T, HV, CHUNK_SIZE, device=q.device, dtype=dtype)
-    return aqk, torch.empty(B, T, HV, 2, device=q.device, dtype=torch.float32) if fuse_q else None
 
 
 def state_output(q, k, w, u, g_cs, aqk, c_q=None, *, scale, initial_state=None, output_final_state=False,
@@ -681,10 +657,6 @@ def _forward(q, k, v, g, beta, scale, initial_state, output_final_state, cu_seql
                                                  output_final_state=output_final_state, **run)
         o = chunk_output(q, None, v_new, h, g_cs, scale=scale, fuse_q=fuse_q, aqk=aqk, **run)
         return o, final_state
-    if config.merge_aqk:  # (validate: in_loop "wu"); fused_qk's loop runs on k_n as fused_q's
-        g_cs, A, _, _, aqk, c_q, k_n = gram_solve_aqk(q, k, g, beta, fuse_q=fuse_q, fuse_k=fuse_k, **run)
-        return state_output_in_loop(q, k if k_n is None else k_n, v, beta, g_cs, A, aqk, c_q, scale=scale,
-                                    initial_state=initial_state, output_final_state=output_final_state, **run)
     g_cs, A, rstd_k, ssq_k = gram_solve(k, g, beta, fuse_k=fuse_k, **run)
     if config.in_loop is not None:
         return _in_loop_forward(q, k, v, beta, g_cs, A, rstd_k, fuse_q, scale, initial_state, output_final_state,

@@ -33,8 +33,36 @@ leave fp16's range).  As in the output kernel, q h on raw q limits q rows to |q|
 import triton
 import triton.language as tl
 
-from .common import aqk_rows, chunk_coords, loop_bound
+from .common import chunk_coords, loop_bound, row_rstd, vec_max
 from .state import _add_kv, _initial_pieces, _sequence_span, _store_pieces, _w_times_h
+
+
+@triton.jit
+def _scaled_rows(xb, rows, m_t, o_k, r, K: tl.constexpr, stride, SCALE: tl.constexpr):
+    """A [rows, o_k] tile of x; SCALE: each row times r (in fp32, then back to x's dtype)."""
+    b_x = tl.load(xb + rows[:, None] * stride + o_k[None, :], mask=m_t[:, None] & (o_k < K)[None, :], other=0.0)
+    if SCALE:
+        b_x = (b_x.to(tl.float32) * r[:, None]).to(b_x.dtype)
+    return b_x
+
+
+@triton.jit
+def _qk_dots(qb, kb, rows, m_t, r, K: tl.constexpr, stride, BT: tl.constexpr, BK: tl.constexpr,
+             SCALE: tl.constexpr, SSQ: tl.constexpr, PREC: tl.constexpr):
+    """(q k^T, q's row sums of squares if SSQ, else zeros) over the K tiles of one chunk; SCALE: q's
+    rows times r on load.  The sums come from the q tiles already loaded, in fp32 (inf where a row
+    overflows, which row_rstd's rare path takes)."""
+    b_s = tl.zeros([BT, BT], dtype=tl.float32)
+    ssq = tl.zeros([BT], dtype=tl.float32)
+    for i_k in range(tl.cdiv(K, BK)):
+        o_k = i_k * BK + tl.arange(0, BK)
+        b_q = _scaled_rows(qb, rows, m_t, o_k, r, K, stride, SCALE)
+        b_kt = tl.load(kb + rows[None, :] * stride + o_k[:, None], mask=(o_k < K)[:, None] & m_t[None, :], other=0.0)
+        b_s = tl.dot(b_q, b_kt, b_s, input_precision=PREC)
+        if SSQ:
+            b_qf = b_q.to(tl.float32)
+            ssq += tl.sum(b_qf * b_qf, 1)
+    return b_s, ssq
 
 
 @triton.jit(do_not_specialize=["T", "NT"])
@@ -55,8 +83,32 @@ def aqk_kernel(q, k, g_cs, aqk, c_q, cu_seqlens, chunk_indices, T, NT,
     at HV64 (60.2 -> 68.0, 59.6 at its searched entry) and mixed (10.4 -> 11.6)."""
     i_c, i_bh = tl.program_id(0), tl.program_id(1)
     i_b, i_h = i_bh // H, i_bh % H
+    G: tl.constexpr = HV // H
     tok0, n_valid, _ = chunk_coords(i_c, i_b, T, NT, cu_seqlens, chunk_indices, BT, IS_VARLEN)
-    aqk_rows(q, k, g_cs, aqk, c_q, tok0, n_valid, i_h, i_h, H, HV, K, BK, BT, FUSE_Q, PREC, HV // H)
+    rows = tl.arange(0, BT)
+    m_t = rows < n_valid
+    qb = q + tok0 * (H * K) + i_h * K
+    kb = k + tok0 * (H * K) + i_h * K
+    b_s, ssq = _qk_dots(qb, kb, rows, m_t, m_t.to(tl.float32), K, H * K, BT, BK, False, FUSE_Q, PREC)
+    r = m_t.to(tl.float32)
+    if FUSE_Q:
+        r = row_rstd(qb, rows, m_t, ssq, K, H * K, BK)
+        overflowed = tl.where(tl.abs(b_s) < float("inf"), 0, 1)  # inf or NaN (NaN compares false)
+        if vec_max(tl.max(overflowed, 1)) == 0:
+            b_s = b_s * r[:, None]
+        else:
+            b_s = _qk_dots(qb, kb, rows, m_t, r, K, H * K, BT, BK, True, False, PREC)[0]
+    keep = (rows[:, None] >= rows[None, :]) & m_t[:, None] & m_t[None, :]
+    for j in tl.static_range(G):
+        i_hv = i_h * G + j
+        c = tl.load(g_cs + tok0 * HV + i_hv + rows * HV, mask=m_t, other=0.0)
+        if FUSE_Q:
+            pair = tl.join(c, c + tl.log2(r))  # [BT, 2]: one 8-byte store per row
+            p_cq = c_q + (tok0 * HV + i_hv) * 2 + rows[:, None] * (HV * 2) + tl.arange(0, 2)[None, :]
+            tl.store(p_cq, pair, mask=m_t[:, None])
+        b_a = tl.where(keep, b_s * tl.math.exp2(c[:, None] - c[None, :]), 0.0)
+        tl.store(aqk + tok0 * (HV * BT) + i_hv * BT + rows[:, None] * (HV * BT) + rows[None, :],
+                 b_a.to(aqk.dtype.element_ty), mask=m_t[:, None])
 
 
 @triton.jit(do_not_specialize=["T"])

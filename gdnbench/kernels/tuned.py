@@ -39,8 +39,8 @@ KERNELS = tuple(KERNEL_FUNCTIONS)
 # KDA runs kda_intra where GDN runs gram and shares the others; GDN's explicit and flag routes run
 # state + output or, in one pass (ops.one_pass, per shape), aqk + state_out, or aqk + fused_out where
 # the in-loop form is chosen (:func:`in_loop_choice`): every route lists all of them
-ONE_PASS_KERNELS = ("aqk", "state_out", "fused_out", "gram_aqk")
-IN_LOOP_OF = {"fused_out": "wu", "gram_aqk": "wu"}  # the GDNConfig.in_loop form a kernel runs in
+ONE_PASS_KERNELS = ("aqk", "state_out", "fused_out")
+IN_LOOP_OF = {"fused_out": "wu"}  # the GDNConfig.in_loop form whose loop a kernel is
 KDA16_KERNELS = ("kda16_prep", "kda16_loop")  # KDA's 16-token form (GDNConfig.kda_chunk16), every route
 _GDN_ROUTES = {
     "explicit": ("l2norm", "gram", "wu", "state", "output") + ONE_PASS_KERNELS,
@@ -69,7 +69,7 @@ def variant_of(kernel: str, route: str, family: str = "gdn") -> str:
     its output kernel reads Aqk, which kda_intra built with k's rstd: fused_qk runs fused_q's."""
     if kernel == "output_fused":
         return "fused_q" if family == "kda" else route
-    if kernel in ("fused_out", "kda16_prep", "gram_aqk"):  # FUSE_Q / NORM_Q under both fused routes, FUSE_K / NORM_K under fused_qk
+    if kernel in ("fused_out", "kda16_prep"):  # FUSE_Q / NORM_Q under both fused routes, FUSE_K / NORM_K under fused_qk
         return route if route.startswith("fused") else "plain"
     if kernel == "kda16_loop":  # reads what the prepare kernel wrote, whatever the route
         return "plain"
@@ -256,35 +256,6 @@ def in_loop_choice(shape, route: str, env: dict | None, cache_dir: Path | None =
     pair = times["state_out"] + times["wu"]
     why = f"fused_out {times['fused_out']:.1f} us vs state_out + wu {pair:.1f} us"
     return ("wu" if times["fused_out"] < pair else None), why
-
-
-def merge_aqk_choice(shape, route: str, env: dict | None, cache_dir: Path | None = None) -> tuple[bool, str]:
-    """(merged, why): True where the autotuner timed gram_aqk (gram_solve writing Aqk too, GDNConfig.merge_aqk)
-    below gram + aqk, the pair it replaces in the in-loop form, for this shape key and route; GDN only, every
-    entry current on this machine.  Under fused_qk the merged form also writes k normalized and the loop runs
-    fused_q's form on it (ops.gram_solve_aqk), so the loops count too: gram_aqk + fused_out [fused_q] against
-    gram + aqk + fused_out [fused_qk]."""
-    if shape.family != "gdn" or env is None or os.environ.get(DISABLE_ENV, "1") == "0":
-        return False, ""
-    times, missing = _best_times(shape, route, env, cache_dir, ("gram_aqk", "gram", "aqk", "fused_out"))
-    if missing:
-        return False, f"no tuned {missing}"
-    new, old = times["gram_aqk"], times["gram"] + times["aqk"]
-    what = "gram_aqk", "gram + aqk"
-    if route == "fused_qk":
-        loop, missing = _best_times(shape, "fused_q", env, cache_dir, ("fused_out",))
-        if missing:
-            return False, "no tuned fused_out [fused_q]"
-        new, old = new + loop["fused_out"], old + times["fused_out"]
-        what = "gram_aqk + fused_out [fused_q]", "gram + aqk + fused_out"
-    return new < old, f"{what[0]} {new:.1f} us vs {what[1]} {old:.1f} us"
-
-
-def winner_config(kernel: str, shape, variant: str, env: dict, cache_dir: Path | None = None):
-    """The KernelConfig of ``kernel``'s tuned winner for ``variant`` on this shape key, or None."""
-    e = find_entry(cache_dir, env, kernel, shape, variant)
-    point = winner(e) if e else None
-    return None if point is None else kernel_config(kernel, point)
 
 
 def kda_one_pass_choice(shape, route: str, env: dict | None, cache_dir: Path | None = None) -> tuple[bool, str]:
