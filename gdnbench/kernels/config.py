@@ -53,9 +53,6 @@ class KernelConfig:
     # kda16_prep only, 16-bit storage: the tile grams as one tf32 product of operands rounded to tf32 first (to
     # nearest) instead of tf32x3; offline sm_90 198 registers and no stack at 4 warps, against tf32x3's 255 and 8-16 B
     tf32_grams: bool = False
-    # fused_out only: the loop on the transposed state (kernels/fused_fwd.py, _chunk_step_t), each product's first
-    # operand a register tile instead of a tile staged through shared memory
-    transposed: bool = False
 
 
 @dataclass(frozen=True)
@@ -316,8 +313,6 @@ def _check(config: GDNConfig, K: int, V: int, dtype_bytes: int, family: str) -> 
             raise ValueError(f"config.{name}.split_v=True: only fused_out in 4 or 8 segments splits V")
         if name not in ("l2norm", "kda16_prep") and c.tf32_grams:
             raise ValueError(f"config.{name}.tf32_grams=True: only kda16_prep forms tile grams")
-        if name not in ("l2norm", "fused_out") and c.transposed:
-            raise ValueError(f"config.{name}.transposed=True: only fused_out has the transposed form")
         if name == "l2norm" and (c.BR < 1 or c.BR & (c.BR - 1)):
             raise ValueError(f"config.l2norm.BR={c.BR} must be a power of two")
         if c.num_warps not in _WARPS:

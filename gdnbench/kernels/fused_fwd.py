@@ -164,126 +164,6 @@ def _chunk_step(q, k, v, beta, g_cs, A, rstd_k, aqk, c_q, o, tok, n_valid, rows,
 
 
 @triton.jit
-def _piece_products_t(qb, kb, rows, m_t, o_k, b_h, b_kh, b_qh, b_st, K: tl.constexpr, stride,
-                      QK: tl.constexpr, PREC: tl.constexpr, Q: tl.constexpr):
-    """_piece_products in the transposed form: the piece b_h is [BV, PIECE] (h^T's columns), and it gives
-    (k h)^T, (q h)^T ([BV, BT]) and (q k^T)^T = k q^T; the state is every product's register operand."""
-    msk = m_t[:, None] & (o_k < K)[None, :]
-    b_k = tl.load(kb + rows[:, None] * stride + o_k[None, :], mask=msk, other=0.0)
-    b_hh = b_h.to(b_k.dtype)
-    b_kh = tl.dot(b_hh, tl.trans(b_k), b_kh, input_precision=PREC)
-    if Q:
-        b_q = tl.load(qb + rows[:, None] * stride + o_k[None, :], mask=msk, other=0.0)
-        b_qh = tl.dot(b_hh, tl.trans(b_q), b_qh, input_precision=PREC)
-        if QK:
-            b_st = tl.dot(b_k, tl.trans(b_q), b_st, input_precision=PREC)
-    return b_k, b_kh, b_qh, b_st
-
-
-@triton.jit
-def _chunk_step_t(q, k, v, beta, g_cs, A, rstd_k, aqk, c_q, o, tok, n_valid, rows, o_v, m_v, i_h, i_hv,
-                  b_h1, b_h2, b_h3, b_h4, scale, H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
-                  BV: tl.constexpr, BT: tl.constexpr, FUSE_Q: tl.constexpr, FUSE_K: tl.constexpr,
-                  IN_LOOP_AQK: tl.constexpr, PREC: tl.constexpr, PIECE: tl.constexpr, OUT: tl.constexpr):
-    """:func:`_chunk_step` on the transposed state (TRANSPOSED): pieces [BV, PIECE] of h^T, and every [BT, BV]
-    tile of the step as its [BV, BT] transpose, so that each product's first operand is a register tile (h^T,
-    x^T, v_new^T) and its second a loaded tile (k, q, A, Aqk):
-
-        v_new^T = x^T A^T,  o^T = scale (exp2(c) (q h)^T + v_new^T Aqk^T),  h^T = exp2(c_last) h^T + v_d^T k
-
-    Same products, roundings and outputs as _chunk_step up to the order of fp32 sums."""
-    o_k1 = tl.arange(0, PIECE)
-    qb = q + tok * (H * K) + i_h * K
-    kb = k + tok * (H * K) + i_h * K
-    gb = g_cs + tok * HV + i_hv
-    m_t = rows < n_valid
-    b_kh = tl.zeros([BV, BT], dtype=tl.float32)
-    b_qh = tl.zeros([BV, BT], dtype=tl.float32)
-    b_st = tl.zeros([BT, BT], dtype=tl.float32)
-    b_k1, b_kh, b_qh, b_st = _piece_products_t(qb, kb, rows, m_t, o_k1, b_h1, b_kh, b_qh, b_st, K, H * K,
-                                               IN_LOOP_AQK, PREC, OUT)
-    if K > PIECE:
-        b_k2, b_kh, b_qh, b_st = _piece_products_t(qb, kb, rows, m_t, o_k1 + PIECE, b_h2, b_kh, b_qh, b_st, K,
-                                                   H * K, IN_LOOP_AQK, PREC, OUT)
-    if K > 2 * PIECE:
-        b_k3, b_kh, b_qh, b_st = _piece_products_t(qb, kb, rows, m_t, o_k1 + 2 * PIECE, b_h3, b_kh, b_qh, b_st, K,
-                                                   H * K, IN_LOOP_AQK, PREC, OUT)
-    if K > 3 * PIECE:
-        b_k4, b_kh, b_qh, b_st = _piece_products_t(qb, kb, rows, m_t, o_k1 + 3 * PIECE, b_h4, b_kh, b_qh, b_st, K,
-                                                   H * K, IN_LOOP_AQK, PREC, OUT)
-
-    last = tl.minimum(n_valid, BT) - 1
-    c_last = tl.load(gb + last * HV)
-    if FUSE_Q:
-        p_cq = c_q + (tok * HV + i_hv) * 2 + rows[:, None] * (HV * 2) + tl.arange(0, 2)[None, :]
-        c, c_o = tl.split(tl.load(p_cq, mask=m_t[:, None], other=0.0))
-    else:
-        c = tl.load(gb + rows * HV, mask=m_t, other=0.0)
-        c_o = c
-    b_beta = tl.load(beta + tok * HV + i_hv + rows * HV, mask=m_t, other=0.0).to(tl.float32)
-    f_kh = b_beta * tl.math.exp2(c)
-    if FUSE_K:
-        r_k = tl.load(rstd_k + tok * H + i_h + rows * H, mask=m_t, other=0.0)
-        f_kh = f_kh * r_k
-    m_vt = m_v[:, None] & m_t[None, :]
-    p_vt = rows[None, :] * (HV * V) + o_v[:, None]
-    b_vt = tl.load(v + tok * (HV * V) + i_hv * V + p_vt, mask=m_vt, other=0.0).to(tl.float32)
-    b_xt = b_vt * b_beta[None, :] - b_kh * f_kh[None, :]
-    p_A = tok * (HV * BT) + i_hv * BT + rows[:, None] * (HV * BT) + rows[None, :]
-    b_A = tl.load(A + p_A, mask=m_t[:, None], other=0.0)
-    b_vnt = tl.dot(b_xt.to(b_A.dtype), tl.trans(b_A), input_precision=PREC)
-    if FUSE_K:
-        b_vnt = b_vnt * r_k[None, :]
-
-    if OUT:
-        if IN_LOOP_AQK:  # Aqk^T[j, i] = (q_i . k_j) exp2(c_i - c_j), i >= j
-            keep = (rows[None, :] >= rows[:, None]) & m_t[:, None] & m_t[None, :]
-            b_aqkt = tl.where(keep, b_st * tl.math.exp2(c[None, :] - c[:, None]), 0.0).to(q.dtype.element_ty)
-        else:
-            b_aqkt = tl.trans(tl.load(aqk + p_A, mask=m_t[:, None], other=0.0))
-        b_vo = b_vnt.to(v.dtype.element_ty).to(b_aqkt.dtype)
-        b_ot = tl.dot(b_vo, b_aqkt, b_qh * tl.math.exp2(c_o)[None, :], input_precision=PREC) * scale
-        tl.store(o + tok * (HV * V) + i_hv * V + p_vt, b_ot.to(o.dtype.element_ty), mask=m_vt)
-
-    row_f = tl.where(m_t, tl.math.exp2(c_last - c), 0.0)
-    b_vdt = (b_vnt * row_f[None, :]).to(k.dtype.element_ty)
-    d_last = tl.math.exp2(c_last)
-    b_h1 = tl.dot(b_vdt, b_k1, b_h1 * d_last, input_precision=PREC)
-    if K > PIECE:
-        b_h2 = tl.dot(b_vdt, b_k2, b_h2 * d_last, input_precision=PREC)
-    if K > 2 * PIECE:
-        b_h3 = tl.dot(b_vdt, b_k3, b_h3 * d_last, input_precision=PREC)
-    if K > 3 * PIECE:
-        b_h4 = tl.dot(b_vdt, b_k4, b_h4 * d_last, input_precision=PREC)
-    return b_h1, b_h2, b_h3, b_h4
-
-
-@triton.jit
-def _step(q, k, v, beta, g_cs, A, rstd_k, aqk, c_q, o, tok, n_valid, rows, o_v, m_v, i_h, i_hv,
-          b_h1, b_h2, b_h3, b_h4, scale, H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
-          BV: tl.constexpr, BT: tl.constexpr, FUSE_Q: tl.constexpr, FUSE_K: tl.constexpr,
-          IN_LOOP_AQK: tl.constexpr, PREC: tl.constexpr, PIECE: tl.constexpr, OUT: tl.constexpr, TR: tl.constexpr):
-    """One chunk step in the loop's form: transposed (TR) or not."""
-    if TR:
-        b_h1, b_h2, b_h3, b_h4 = _chunk_step_t(q, k, v, beta, g_cs, A, rstd_k, aqk, c_q, o, tok, n_valid, rows, o_v,
-                                               m_v, i_h, i_hv, b_h1, b_h2, b_h3, b_h4, scale, H, HV, K, V, BV, BT,
-                                               FUSE_Q, FUSE_K, IN_LOOP_AQK, PREC, PIECE, OUT)
-    else:
-        b_h1, b_h2, b_h3, b_h4 = _chunk_step(q, k, v, beta, g_cs, A, rstd_k, aqk, c_q, o, tok, n_valid, rows, o_v,
-                                             m_v, i_h, i_hv, b_h1, b_h2, b_h3, b_h4, scale, H, HV, K, V, BV, BT,
-                                             FUSE_Q, FUSE_K, IN_LOOP_AQK, PREC, PIECE, OUT)
-    return b_h1, b_h2, b_h3, b_h4
-
-
-@triton.jit
-def _transposed(b_h1, b_h2, b_h3, b_h4, TR: tl.constexpr):
-    """The pieces transposed where TR (the transposed form keeps [BV, PIECE] pieces)."""
-    if TR:
-        b_h1, b_h2, b_h3, b_h4 = tl.trans(b_h1), tl.trans(b_h2), tl.trans(b_h3), tl.trans(b_h4)
-    return b_h1, b_h2, b_h3, b_h4
-
-
-@triton.jit
 def _warm_start(gl, c0, cap, stride, THRESH: tl.constexpr, CB: tl.constexpr):
     """Where a segment starting at chunk c0 starts its warm-up: the latest w0 in [c0 - cap, c0] whose chunks
     [w0, c0) decay by more than 2^-THRESH in total; 0 where none does but c0 <= cap (a walk from the
@@ -346,12 +226,11 @@ def _walk(q, k, v, beta, g_cs, A, rstd_k, aqk, c_q, o, h0, ht, sync, hand, scale
           seq_len, n_chunks, o_v, H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
           BV: tl.constexpr, NV: tl.constexpr, BT: tl.constexpr, USE_H0: tl.constexpr, STORE_HT: tl.constexpr,
           FUSE_Q: tl.constexpr, FUSE_K: tl.constexpr, IN_LOOP_AQK: tl.constexpr, PREC: tl.constexpr,
-          PIECE: tl.constexpr, SEG: tl.constexpr, THRESH: tl.constexpr, TR: tl.constexpr):
+          PIECE: tl.constexpr, SEG: tl.constexpr, THRESH: tl.constexpr):
     """One program's walk over its V slab o_v (BV wide): SEG 1 the whole sequence, else segment i_s of SEG
-    (warm-up or hand-over first, module docstring); TR: in the transposed form."""
+    (warm-up or hand-over first, module docstring)."""
     m_v = o_v < V
     b_h1, b_h2, b_h3, b_h4 = _initial_pieces(h0, i_nh, o_v, K, V, BV, PIECE, USE_H0)
-    b_h1, b_h2, b_h3, b_h4 = _transposed(b_h1, b_h2, b_h3, b_h4, TR)
     rows = tl.arange(0, BT)
     c0 = n_chunks * 0
     c1 = n_chunks
@@ -368,19 +247,18 @@ def _walk(q, k, v, beta, g_cs, A, rstd_k, aqk, c_q, o, h0, ht, sync, hand, scale
                 ready = tl.atomic_add(p_flag, 0, sem="acquire")
             b_h1, b_h2, b_h3, b_h4 = _handed_pieces(hand + (t // NV - HV).to(tl.int64) * K * V, o_v, K, V, BV,
                                                     PIECE)
-            b_h1, b_h2, b_h3, b_h4 = _transposed(b_h1, b_h2, b_h3, b_h4, TR)
         elif w0 > 0:  # warm up from an empty state
             b_h1, b_h2, b_h3, b_h4 = b_h1 * 0.0, b_h2 * 0.0, b_h3 * 0.0, b_h4 * 0.0
         for i_t in range(loop_bound(tl.maximum(w0, 0)), loop_bound(tl.where(w0 < 0, 0, c0))):
-            b_h1, b_h2, b_h3, b_h4 = _step(q, k, v, beta, g_cs, A, rstd_k, aqk, c_q, o, bos + i_t * BT,
-                                           seq_len - i_t * BT, rows, o_v, m_v, i_h, i_hv, b_h1, b_h2, b_h3, b_h4,
-                                           scale, H, HV, K, V, BV, BT, FUSE_Q, FUSE_K, IN_LOOP_AQK, PREC, PIECE, False,
-                                           TR)
+            b_h1, b_h2, b_h3, b_h4 = _chunk_step(q, k, v, beta, g_cs, A, rstd_k, aqk, c_q, o, bos + i_t * BT,
+                                                 seq_len - i_t * BT, rows, o_v, m_v, i_h, i_hv, b_h1, b_h2, b_h3,
+                                                 b_h4, scale, H, HV, K, V, BV, BT, FUSE_Q, FUSE_K, IN_LOOP_AQK, PREC,
+                                                 PIECE, False)
     for i_t in range(loop_bound(c0), loop_bound(c1)):
-        b_h1, b_h2, b_h3, b_h4 = _step(q, k, v, beta, g_cs, A, rstd_k, aqk, c_q, o, bos + i_t * BT,
-                                       seq_len - i_t * BT, rows, o_v, m_v, i_h, i_hv, b_h1, b_h2, b_h3, b_h4,
-                                       scale, H, HV, K, V, BV, BT, FUSE_Q, FUSE_K, IN_LOOP_AQK, PREC, PIECE, True, TR)
-    b_h1, b_h2, b_h3, b_h4 = _transposed(b_h1, b_h2, b_h3, b_h4, TR)  # [PIECE, BV] again, to store
+        b_h1, b_h2, b_h3, b_h4 = _chunk_step(q, k, v, beta, g_cs, A, rstd_k, aqk, c_q, o, bos + i_t * BT,
+                                             seq_len - i_t * BT, rows, o_v, m_v, i_h, i_hv, b_h1, b_h2, b_h3, b_h4,
+                                             scale, H, HV, K, V, BV, BT, FUSE_Q, FUSE_K, IN_LOOP_AQK, PREC, PIECE,
+                                             True)
     if SEG > 1:
         if c1 < n_chunks:  # hand the state over where the next segment waits for it (the same test it makes)
             if _warm_start(gl, c1, per_seg, BT * HV, THRESH, 64) < 0:
@@ -398,7 +276,7 @@ def fused_state_out_kernel(
     H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BV: tl.constexpr, BT: tl.constexpr,
     IS_VARLEN: tl.constexpr, USE_H0: tl.constexpr, STORE_HT: tl.constexpr, FUSE_Q: tl.constexpr,
     FUSE_K: tl.constexpr, IN_LOOP_AQK: tl.constexpr, PREC: tl.constexpr, PIECE: tl.constexpr,
-    SEG: tl.constexpr, THRESH: tl.constexpr, SPLIT_V: tl.constexpr, BVS: tl.constexpr, TR: tl.constexpr,
+    SEG: tl.constexpr, THRESH: tl.constexpr, SPLIT_V: tl.constexpr, BVS: tl.constexpr,
 ):
     """SEG 1: grid (cdiv(V, BV), N*HV).  o like v; h0/ht [N, HV, K, V] fp32; A [B,T,HV,64] from gram_solve; aqk
     and c_q from aqk_kernel unless IN_LOOP_AQK (then unused, and FUSE_Q is not allowed); rstd_k [B,T,H] fp32
@@ -432,12 +310,12 @@ def fused_state_out_kernel(
             if i_s * BVS < BV:
                 _walk(q, k, v, beta, g_cs, A, rstd_k, aqk, c_q, o, h0, ht, sync, hand, scale, t, i_s * 0, i_h, i_hv,
                       i_nh, bos, seq_len, n_chunks, i_v * BV + i_s * BVS + tl.arange(0, BVS), H, HV, K, V, BVS, NV,
-                      BT, USE_H0, STORE_HT, FUSE_Q, FUSE_K, IN_LOOP_AQK, PREC, PIECE, 1, THRESH, TR)
+                      BT, USE_H0, STORE_HT, FUSE_Q, FUSE_K, IN_LOOP_AQK, PREC, PIECE, 1, THRESH)
         else:
             _walk(q, k, v, beta, g_cs, A, rstd_k, aqk, c_q, o, h0, ht, sync, hand, scale, t, i_s, i_h, i_hv,
                   i_nh, bos, seq_len, n_chunks, o_v, H, HV, K, V, BV, NV, BT, USE_H0, STORE_HT, FUSE_Q, FUSE_K,
-                  IN_LOOP_AQK, PREC, PIECE, SEG, THRESH, TR)
+                  IN_LOOP_AQK, PREC, PIECE, SEG, THRESH)
     else:
         _walk(q, k, v, beta, g_cs, A, rstd_k, aqk, c_q, o, h0, ht, sync, hand, scale, t, i_s, i_h, i_hv, i_nh,
               bos, seq_len, n_chunks, o_v, H, HV, K, V, BV, NV, BT, USE_H0, STORE_HT, FUSE_Q, FUSE_K, IN_LOOP_AQK,
-              PREC, PIECE, SEG, THRESH, TR)
+              PREC, PIECE, SEG, THRESH)
