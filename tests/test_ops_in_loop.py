@@ -98,6 +98,22 @@ def test_fused_qk_huge_rows_finite():
     assert rel_rms(o, ro) < 1e-4 and rel_rms(fs, rf) < 1e-4, (rel_rms(o, ro), rel_rms(fs, rf))
 
 
+@pytest.mark.parametrize("form,norm,seg", [("wu", "flag", 1), ("wu", "fused_q", 4), ("wu", "fused_qk", 2),
+                                          ("wu_aqk", "none", 1)])
+def test_early_beta_is_the_same_loop(form, norm, seg):
+    """early_beta moves beta's load, nothing else: the same outputs bitwise, varlen, GVA 2, K != V."""
+    cu = torch.tensor([0, 37, 37, 101, 131], dtype=torch.int64)
+    q, k, v, g, beta, s0 = make_inputs(1, 131, 2, 4, 32, 48, torch.float32, n_seqs=4, h0=True, seed=6)
+    if norm == "none":
+        q, k = l2norm(q), l2norm(k)
+    loop = KernelConfig(BV=16, num_warps=2, segments=seg, split_v=seg == 4)
+    new, _ = configs(32, 48, torch.float32, form, fused_out=loop)
+    late = chunk_gdn(q, k, v, g, beta, initial_state=s0, output_final_state=True, cu_seqlens=cu, norm=norm, config=new)
+    early = check(norm, torch.float32, q, k, v, g, beta, s0, cu,
+                  config=dataclasses.replace(new, fused_out=dataclasses.replace(loop, early_beta=True)))
+    assert all(torch.equal(a, b) for a, b in zip(late, early))
+
+
 def _launched(monkeypatch, config, norm="flag"):
     names = []
     real = ops._launch
@@ -140,6 +156,8 @@ def test_refusals():
     with pytest.raises(ValueError, match="config.fused_out needs ~"):
         ops.validate(dataclasses.replace(default_config(128, 128, 4), in_loop="wu",
                                          fused_out=KernelConfig(BV=32, num_stages=3)), 128, 128, 4)
+    with pytest.raises(ValueError, match="config.state_out.early_beta=True: only fused_out"):
+        ops.validate(GDNConfig(one_pass=True, state_out=KernelConfig(BV=32, early_beta=True)), 128, 128)
     ops.validate(GDNConfig(in_loop="wu"), 128, 128)  # the default kernel config, bf16
     q, k, v, g, beta, _ = make_inputs(1, 20, 1, 1, 16, 16, torch.float32)
     for norm in ("fused_q", "fused_qk"):

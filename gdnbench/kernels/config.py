@@ -53,6 +53,8 @@ class KernelConfig:
     # kda16_prep only, 16-bit storage: the tile grams as one tf32 product of operands rounded to tf32 first (to
     # nearest) instead of tf32x3; offline sm_90 198 registers and no stack at 4 warps, against tf32x3's 255 and 8-16 B
     tf32_grams: bool = False
+    # fused_out only: beta's rows loaded before each chunk step's first product (kernels/fused_fwd.py), not after k h
+    early_beta: bool = False
 
 
 @dataclass(frozen=True)
@@ -313,6 +315,8 @@ def _check(config: GDNConfig, K: int, V: int, dtype_bytes: int, family: str) -> 
             raise ValueError(f"config.{name}.split_v=True: only fused_out in 4 or 8 segments splits V")
         if name not in ("l2norm", "kda16_prep") and c.tf32_grams:
             raise ValueError(f"config.{name}.tf32_grams=True: only kda16_prep forms tile grams")
+        if name not in ("l2norm", "fused_out") and c.early_beta:
+            raise ValueError(f"config.{name}.early_beta=True: only fused_out has that load order")
         if name == "l2norm" and (c.BR < 1 or c.BR & (c.BR - 1)):
             raise ValueError(f"config.l2norm.BR={c.BR} must be a power of two")
         if c.num_warps not in _WARPS:

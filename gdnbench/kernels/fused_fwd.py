@@ -52,6 +52,15 @@ H200, this kernel alone, explicit route, BV 64, 64-row pieces, 2 stages: HV32 8K
 137.1 in four on strong gates, 414.2 on long-memory gates (its never-forgetting heads wait and run in series
 at BV 64, where one segment of the tuned BV 32 took 250); 32K 1597.8 -> 533.3 on strong gates.  The tuner
 ranks segment counts by the geometric mean over both gate regimes (autotune/bench.py).
+
+beta (KernelConfig.early_beta): its rows are 16-bit values HV apart, below the 4-byte minimum of an
+asynchronous copy, so beta is the loop's one plain load.  Issued after k h's product, the step waits for it
+there; issued before the step's first product, its latency hides behind that product.  H200, the loop alone at
+the shipped entries, strong / long gates (us): h16_hv32_fixed8k fused_q 190.6 / 253.6 -> 172.1 / 245.4, plain
+180.7 / 273.9 -> 160.8 / 255.6; h16_hv48_uniform fused_qk 217.9 / 217.8 -> 196.7 / 196.3; h16_hv64_fixed8k
+fused_q 267.7 / 417.6 -> 248.0 / 394.3; 32K fused_q 655.6 / 994.4 -> 640.7 / 948.8; the same at HV32 8K's
+fused_qk entry and at h4_hv8_mixed; slower at h16_hv48_uniform fused_q (212.6 / 213.5 -> 216.1 / 221.2).
+So it is searched, not fixed.
 """
 
 import triton
@@ -90,14 +99,18 @@ def _update(b_k, b_vd, b_h, d_last, PREC: tl.constexpr):
 def _chunk_step(q, k, v, beta, g_cs, A, rstd_k, aqk, c_q, o, tok, n_valid, rows, o_v, m_v, i_h, i_hv,
                 b_h1, b_h2, b_h3, b_h4, scale, H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
                 BV: tl.constexpr, BT: tl.constexpr, FUSE_Q: tl.constexpr, FUSE_K: tl.constexpr,
-                IN_LOOP_AQK: tl.constexpr, PREC: tl.constexpr, PIECE: tl.constexpr, OUT: tl.constexpr):
+                IN_LOOP_AQK: tl.constexpr, PREC: tl.constexpr, PIECE: tl.constexpr, OUT: tl.constexpr,
+                EARLY_BETA: tl.constexpr):
     """One chunk of the loop: o's rows (OUT) and the state carried past the chunk; OUT False is a warm-up
-    step (the state only: no q, Aqk or o)."""
+    step (the state only: no q, Aqk or o).  EARLY_BETA: beta's rows are loaded before the step's first
+    product, not after k h (module docstring)."""
     o_k1 = tl.arange(0, PIECE)
     qb = q + tok * (H * K) + i_h * K
     kb = k + tok * (H * K) + i_h * K
     gb = g_cs + tok * HV + i_hv
     m_t = rows < n_valid
+    if EARLY_BETA:
+        b_beta = tl.load(beta + tok * HV + i_hv + rows * HV, mask=m_t, other=0.0).to(tl.float32)
     # k h, q h (and q k^T) from the state entering this chunk
     b_kh = tl.zeros([BT, BV], dtype=tl.float32)
     b_qh = tl.zeros([BT, BV], dtype=tl.float32)
@@ -123,7 +136,8 @@ def _chunk_step(q, k, v, beta, g_cs, A, rstd_k, aqk, c_q, o, tok, n_valid, rows,
         c = tl.load(gb + rows * HV, mask=m_t, other=0.0)
         c_o = c
     # v_new = A x,  x = beta v - beta exp2(c) (k h)   (= u - w h)
-    b_beta = tl.load(beta + tok * HV + i_hv + rows * HV, mask=m_t, other=0.0).to(tl.float32)
+    if not EARLY_BETA:
+        b_beta = tl.load(beta + tok * HV + i_hv + rows * HV, mask=m_t, other=0.0).to(tl.float32)
     f_kh = b_beta * tl.math.exp2(c)
     if FUSE_K:
         r_k = tl.load(rstd_k + tok * H + i_h + rows * H, mask=m_t, other=0.0)
@@ -226,7 +240,7 @@ def _walk(q, k, v, beta, g_cs, A, rstd_k, aqk, c_q, o, h0, ht, sync, hand, scale
           seq_len, n_chunks, o_v, H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
           BV: tl.constexpr, NV: tl.constexpr, BT: tl.constexpr, USE_H0: tl.constexpr, STORE_HT: tl.constexpr,
           FUSE_Q: tl.constexpr, FUSE_K: tl.constexpr, IN_LOOP_AQK: tl.constexpr, PREC: tl.constexpr,
-          PIECE: tl.constexpr, SEG: tl.constexpr, THRESH: tl.constexpr):
+          PIECE: tl.constexpr, SEG: tl.constexpr, THRESH: tl.constexpr, EARLY_BETA: tl.constexpr):
     """One program's walk over its V slab o_v (BV wide): SEG 1 the whole sequence, else segment i_s of SEG
     (warm-up or hand-over first, module docstring)."""
     m_v = o_v < V
@@ -253,12 +267,12 @@ def _walk(q, k, v, beta, g_cs, A, rstd_k, aqk, c_q, o, h0, ht, sync, hand, scale
             b_h1, b_h2, b_h3, b_h4 = _chunk_step(q, k, v, beta, g_cs, A, rstd_k, aqk, c_q, o, bos + i_t * BT,
                                                  seq_len - i_t * BT, rows, o_v, m_v, i_h, i_hv, b_h1, b_h2, b_h3,
                                                  b_h4, scale, H, HV, K, V, BV, BT, FUSE_Q, FUSE_K, IN_LOOP_AQK, PREC,
-                                                 PIECE, False)
+                                                 PIECE, False, EARLY_BETA)
     for i_t in range(loop_bound(c0), loop_bound(c1)):
         b_h1, b_h2, b_h3, b_h4 = _chunk_step(q, k, v, beta, g_cs, A, rstd_k, aqk, c_q, o, bos + i_t * BT,
                                              seq_len - i_t * BT, rows, o_v, m_v, i_h, i_hv, b_h1, b_h2, b_h3, b_h4,
                                              scale, H, HV, K, V, BV, BT, FUSE_Q, FUSE_K, IN_LOOP_AQK, PREC, PIECE,
-                                             True)
+                                             True, EARLY_BETA)
     if SEG > 1:
         if c1 < n_chunks:  # hand the state over where the next segment waits for it (the same test it makes)
             if _warm_start(gl, c1, per_seg, BT * HV, THRESH, 64) < 0:
@@ -276,7 +290,7 @@ def fused_state_out_kernel(
     H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BV: tl.constexpr, BT: tl.constexpr,
     IS_VARLEN: tl.constexpr, USE_H0: tl.constexpr, STORE_HT: tl.constexpr, FUSE_Q: tl.constexpr,
     FUSE_K: tl.constexpr, IN_LOOP_AQK: tl.constexpr, PREC: tl.constexpr, PIECE: tl.constexpr,
-    SEG: tl.constexpr, THRESH: tl.constexpr, SPLIT_V: tl.constexpr, BVS: tl.constexpr,
+    SEG: tl.constexpr, THRESH: tl.constexpr, SPLIT_V: tl.constexpr, BVS: tl.constexpr, EARLY_BETA: tl.constexpr,
 ):
     """SEG 1: grid (cdiv(V, BV), N*HV).  o like v; h0/ht [N, HV, K, V] fp32; A [B,T,HV,64] from gram_solve; aqk
     and c_q from aqk_kernel unless IN_LOOP_AQK (then unused, and FUSE_Q is not allowed); rstd_k [B,T,H] fp32
@@ -310,12 +324,12 @@ def fused_state_out_kernel(
             if i_s * BVS < BV:
                 _walk(q, k, v, beta, g_cs, A, rstd_k, aqk, c_q, o, h0, ht, sync, hand, scale, t, i_s * 0, i_h, i_hv,
                       i_nh, bos, seq_len, n_chunks, i_v * BV + i_s * BVS + tl.arange(0, BVS), H, HV, K, V, BVS, NV,
-                      BT, USE_H0, STORE_HT, FUSE_Q, FUSE_K, IN_LOOP_AQK, PREC, PIECE, 1, THRESH)
+                      BT, USE_H0, STORE_HT, FUSE_Q, FUSE_K, IN_LOOP_AQK, PREC, PIECE, 1, THRESH, EARLY_BETA)
         else:
             _walk(q, k, v, beta, g_cs, A, rstd_k, aqk, c_q, o, h0, ht, sync, hand, scale, t, i_s, i_h, i_hv,
                   i_nh, bos, seq_len, n_chunks, o_v, H, HV, K, V, BV, NV, BT, USE_H0, STORE_HT, FUSE_Q, FUSE_K,
-                  IN_LOOP_AQK, PREC, PIECE, SEG, THRESH)
+                  IN_LOOP_AQK, PREC, PIECE, SEG, THRESH, EARLY_BETA)
     else:
         _walk(q, k, v, beta, g_cs, A, rstd_k, aqk, c_q, o, h0, ht, sync, hand, scale, t, i_s, i_h, i_hv, i_nh,
               bos, seq_len, n_chunks, o_v, H, HV, K, V, BV, NV, BT, USE_H0, STORE_HT, FUSE_Q, FUSE_K, IN_LOOP_AQK,
-              PREC, PIECE, SEG, THRESH)
+              PREC, PIECE, SEG, THRESH, EARLY_BETA)
