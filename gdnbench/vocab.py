@@ -18,7 +18,8 @@ TRAIN_ROUTES = ("explicit", "flag") + MEGATRON_ROUTES  # fwd_bwd mode
 DECODE_ROUTES = ("explicit", "flag")  # decode mode (fused routes: only where a backend has them)
 ROUTES_BY_MODE = {"fwd": ROUTES, "fwd_bwd": TRAIN_ROUTES, "decode": DECODE_ROUTES}
 ALL_ROUTES = tuple(dict.fromkeys(ROUTES + TRAIN_ROUTES))
-NO_BACKWARD_ROUTES = ("fused_q", "fused_qk")
+FUSED_ROUTES = ("fused_q", "fused_qk")  # the norm folded into our kernels
+NO_BACKWARD_ROUTES = FUSED_ROUTES
 
 # A results row's status: `ok` passed the gate and was timed; `incorrect` failed the gate (figures, no
 # time); `skipped`: the backend cannot run the combination; `error`: it raised, or its worker died.

@@ -218,3 +218,22 @@ def test_bar_colors_one_hue_per_backend_and_shades_per_route():
 def test_a_pair_given_twice_is_listed_once():
     table = rep.geomean_table(doc(ROWS), ["gdnbench:best/fla:best", "fla:flag/fla:explicit", "gdnbench:best/fla:best"])
     assert [r[0] for r in table.rows] == ["gdnbench:best/fla:best", "fla:flag/fla:explicit"]
+
+
+def test_fusion_table_puts_each_fused_route_against_explicit_less_the_norm_it_drops():
+    e = row("a", "gdnbench", "explicit", 200, 100)
+    e["kernels_us"] = {"loop": 60.0, "l2norm_kernel": 20.0, "gram": 20.0}  # floor of fused_qk: 80, of fused_q: 90
+    q = row("a", "gdnbench", "fused_q", 200, 100)
+    q["kernels_us"] = {"loop": 62.0, "l2norm_kernel": 10.0, "gram": 20.0}  # 92 against 60 + 20 + 10
+    qk = row("a", "gdnbench", "fused_qk", 200, 100)
+    qk["kernels_us"] = {"loop": 64.0, "gram": 24.0}  # 88 against 80
+    bad = row("b", "gdnbench", "fused_qk", status="incorrect", reason="err 0.3")
+    skipped = row("a", "flashqla", "fused_q", status="skipped", reason="no such route")
+    t = rep.fusion_table(doc([e, q, qk, bad, skipped]))
+    assert [r[1:] for r in t.rows[:2]] == [["gdnbench:fused_q", "92.0", "90.0", "1.022"],
+                                           ["gdnbench:fused_qk", "88.0", "80.0", "1.100"]]
+    assert t.rows[2:] == [["geomean (1/2)", "gdnbench:fused_q", "", "", "1.022"],
+                          ["geomean (1/2)", "gdnbench:fused_qk", "", "", "1.100"]]
+    assert t.notes == ["b: gdnbench:fused_qk left out (gdnbench:fused_qk incorrect)"]
+    assert rep.fusion_table(doc([e])) is None
+    assert any(x.title.startswith("fused routes against") for x in rep.report_tables(doc([e, q, qk])))

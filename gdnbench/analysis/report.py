@@ -14,7 +14,7 @@ import math
 from dataclasses import dataclass, field
 
 from ..data.records import TIME_KINDS, Row, RunDocument
-from ..vocab import ALL_ROUTES, MODES, ROUTES  # noqa: F401  (MODES: the report command checks --mode)
+from ..vocab import ALL_ROUTES, FUSED_ROUTES, MODES, ROUTES  # noqa: F401  (MODES: the report command checks --mode)
 from .tables import FORMATS, Table, to_csv, to_json, to_markdown, to_rich, to_text  # noqa: F401
 
 MODE_TITLES = {"fwd_bwd": " (one forward + backward step)", "decode": " (one decode step)"}
@@ -303,6 +303,46 @@ def kernel_table(doc: RunDocument, mode: str = "fwd") -> Table | None:
                  ["shape", "backend:route", "sum µs", "kernels"], rows)
 
 
+NORM_KERNEL_MARK = "l2norm"  # our norm pass's launches (kernels/ops.py: l2norm_kernel, once per normalized tensor)
+
+
+def _norm_us(split) -> float:
+    return sum(t for n, t in split.items() if NORM_KERNEL_MARK in n)
+
+
+def fusion_table(doc: RunDocument, mode: str = "fwd") -> Table | None:
+    """Each fused route against its zero-cost floor: the explicit route's kernels less the norm launches the fused
+    route no longer makes (explicit's norm time less the route's own), from the same run's profiler splits.
+    A ratio of 1 means folding the norm in cost nothing beyond the pass it removed. None without such pairs."""
+    idx = index_rows(doc, mode)
+    shapes = shape_ids(doc)
+    rows, notes, ratios = [], [], {}
+    for s in shapes:
+        for (shape, backend, route), r in idx.items():
+            if shape != s or route not in FUSED_ROUTES or r.status == "skipped":
+                continue
+            e = idx.get((s, backend, "explicit"))
+            why = next((f"{x.spec} {x.status}" for x in (r, e) if x is not None and x.status != "ok"), None)
+            if why is None:
+                why = "no explicit row" if e is None else next(
+                    (f"{x.spec} has no kernel split" for x in (r, e) if not x.kernels_us), None)
+            if why:
+                notes.append(f"{s}: {r.spec} left out ({why})")
+                continue
+            floor = sum(e.kernels_us.values()) - _norm_us(e.kernels_us) + _norm_us(r.kernels_us)
+            took = sum(r.kernels_us.values())
+            ratios.setdefault(r.spec, []).append(took / floor)
+            rows.append([s, r.spec, _fmt_us(took), _fmt_us(floor), f"{took / floor:.3f}"])
+    if not rows:
+        return None
+    for spec, xs in ratios.items():
+        g = math.exp(sum(map(math.log, xs)) / len(xs))
+        rows.append([f"geomean ({len(xs)}/{len(shapes)})", spec, "", "", f"{g:.3f}"])
+    return Table("fused routes against their zero-cost floor (explicit's kernels less the norm launches the route "
+                 "drops; profiler µs per call)", ["shape", "backend:route", "route µs", "floor µs", "route / floor"],
+                 rows, notes)
+
+
 def _figure(row: Row, name: str):
     """A figure of the row's check (None without a check or that figure)."""
     return row.check.get(name) if row.check is not None else None
@@ -409,9 +449,9 @@ def report_tables(doc: RunDocument, baseline: str | None = None, pairs: list[str
     if base:
         tables.append(ratio_table(doc, base, kinds_present(doc)[-1], mode))
     tables += [geomean_table(doc, pairs, mode), check_table(doc, mode), spread_table(doc, mode)]
-    kernels = kernel_table(doc, mode)
-    if kernels is not None:
-        tables.append(kernels)
+    for extra in (kernel_table(doc, mode), fusion_table(doc, mode)):
+        if extra is not None:
+            tables.append(extra)
     if mode == "fwd_bwd":
         tables += [grad_table(doc), layer_table(doc), memory_table(doc)]
     if mode == "decode":
