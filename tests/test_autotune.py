@@ -691,15 +691,23 @@ def test_crashing_worker_costs_one_candidate_and_restarts():
 
 
 def test_report_cli_prints_the_cache_and_charts(tmp_path):
-    """--report reads the committed H200 cache (tuned on the GPU) and draws one chart per entry."""
+    """--report reads the committed H200 cache (tuned on the GPU); --plot draws one chart per entry, of the
+    --kernels given."""
     from gdnbench.cli.app import app
 
-    res = CliRunner().invoke(app, ["autotune", "--report", "--plot", str(tmp_path)], env={"COLUMNS": "250"})
+    res = CliRunner().invoke(app, ["autotune", "--report"], env={"COLUMNS": "250"})
     assert res.exit_code == 0, res.output
-    assert "output_fused" in res.output and "nvidia-h200" in res.output
-    assert len(list(tmp_path.glob("*.png"))) >= 2
+    assert "output_fused" in res.output and "fused_out" in res.output and "nvidia-h200" in res.output
+    res = CliRunner().invoke(app, ["autotune", "--report", "--plot", str(tmp_path), "-k", "kda16_loop"],
+                             env={"COLUMNS": "250"})
+    assert res.exit_code == 0, res.output
+    assert "kda16_loop" in res.output and "output_fused" not in res.output
+    charts = list(tmp_path.glob("*.png"))
+    assert len(charts) >= 2 and all("_kda16_loop_" in p.name for p in charts)
     empty = CliRunner().invoke(app, ["autotune", "--report", "--cache-dir", str(tmp_path / "none")])
     assert empty.exit_code == 2 and "no tuning cache entries" in empty.output
+    bad = CliRunner().invoke(app, ["autotune", "--report", "-k", "nope"])
+    assert bad.exit_code == 2 and "--kernels: unknown value 'nope'" in bad.output
 
 
 # ----------------------------------------------------------------------------- real candidates on the CPU

@@ -78,12 +78,14 @@ class Tally:
                 self.failed += 1
 
 
-def report_rows(cache_dir=None) -> list[dict]:
-    """Per cache entry (every root of tuned.read_dirs): default vs tuned stage time, their ratio and the
-    winning config."""
+def report_rows(cache_dir=None, kernels=None) -> list[dict]:
+    """Per cache entry (every root of tuned.read_dirs; only ``kernels``' where given): default vs tuned stage
+    time, their ratio and the winning config."""
     rows = []
     for path in [p for root in tuned.read_dirs(cache_dir) for p in sorted(root.glob("*/*.json"))]:
         for e in tuned.load_entries(path):
+            if kernels and e.get("kernel") not in kernels:
+                continue
             d, b = (e.get("default") or {}).get("time_us"), (e.get("best") or {}).get("time_us")
             win = tuned.winner(e)
             key = e.get("key", {})
@@ -98,14 +100,14 @@ def report_rows(cache_dir=None) -> list[dict]:
     return rows
 
 
-def report_table(cache_dir=None):
+def report_table(cache_dir=None, kernels=None):
     """The report rows as a gdnbench.analysis.report.Table (µs; ratio = tuned / default, < 1 is faster)."""
     from ..analysis.report import Table
 
     def us(t):
         return "-" if t is None else f"{t:.1f}"
 
-    rows = report_rows(cache_dir)
+    rows = report_rows(cache_dir, kernels)
     body = [[r["gpu"], r["kernel"], r["variant"], r["shape_key"], us(r["default_us"]), us(r["tuned_us"]),
              "-" if r["ratio"] is None else f"{r['ratio']:.3f}", r["winner"], f"{r['evaluated']}/{r['failed']}",
              "stale" if r["stale"] else ""] for r in rows]

@@ -250,7 +250,8 @@ def register(app: typer.Typer) -> None:
         seeds: bool = typer.Option(True, "--seeds/--no-seeds", help="Start coordinate descent from the fastest of "
                                    "the default and up to 6 cached winners of the same kernel (this shape's "
                                    "other variants, then other shapes of the family)."),
-        report: bool = typer.Option(False, "--report", help="Print the cache's default vs tuned table; tune nothing."),
+        report: bool = typer.Option(False, "--report", help="Print the cache's default vs tuned table (with "
+                                    "--kernels, only theirs); tune nothing."),
         plot: Optional[Path] = typer.Option(None, "--plot", help="With --report: write a time-vs-maxnreg chart "
                                              "per cache entry into this folder."),
     ):
@@ -260,7 +261,11 @@ def register(app: typer.Typer) -> None:
         Triton version and kernel source are skipped (--retune searches them again)."""
         started = _start_time()
         if report:
-            _report(cache_dir, plot)
+            try:
+                only = _pick(kernels, _known_kernels(), "--kernels") if kernels else None
+            except _domain_errors() as e:
+                _fail(str(e))
+            _report(cache_dir, plot, only)
             return
         try:
             fam = choice("--family", family, FAMILIES)
@@ -333,20 +338,24 @@ def register(app: typer.Typer) -> None:
                           f"{opts.compile_workers} compile workers per GPU", highlight=False)
 
 
-def _report(cache_dir: Optional[Path], plot_dir: Optional[Path]) -> None:
-    """The tuning cache as a table (and charts): what `gdnbench autotune --report` prints."""
+def _report(cache_dir: Optional[Path], plot_dir: Optional[Path], kernels: Optional[list[str]] = None) -> None:
+    """The tuning cache as a table (and charts): what `gdnbench autotune --report` prints; --kernels: only
+    those kernels' entries."""
     from ..autotune import report as at_report
     from ..kernels import tuned
     from .tables import print_tables
 
     roots = tuned.read_dirs(cache_dir)
-    table = at_report.report_table(roots)
+    table = at_report.report_table(roots, kernels)
     if not table.rows:
-        _fail(f"no tuning cache entries under {', '.join(map(str, roots))}")
+        _fail(f"no tuning cache entries{' of ' + ','.join(kernels) if kernels else ''} under "
+              f"{', '.join(map(str, roots))}")
     print_tables(console, [table])
     if plot_dir is not None:
         for path in [p for root in roots for p in sorted(root.glob("*/*.json"))]:
             for e in tuned.load_entries(path):
+                if kernels and e.get("kernel") not in kernels:
+                    continue
                 name = f"{path.parent.name}_{e['kernel']}_{e['variant']}_{e['key']['shape_key']}.png"
                 try:
                     console.print(f"chart {at_report.chart(e, Path(plot_dir) / name)}")
