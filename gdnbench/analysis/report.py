@@ -310,29 +310,39 @@ def _norm_us(split) -> float:
     return sum(t for n, t in split.items() if NORM_KERNEL_MARK in n)
 
 
+def _left_out(fused: Row, explicit: Row | None) -> str:
+    """Why a fused row cannot be set against its explicit row ('' when it can)."""
+    for x in (fused, explicit):
+        if x is not None and x.status != "ok":
+            return f"{x.spec} {x.status}"
+    if explicit is None:
+        return "no explicit row"
+    for x in (fused, explicit):
+        if not x.kernels_us:
+            return f"{x.spec} has no kernel split"
+    return ""
+
+
 def fusion_table(doc: RunDocument, mode: str = "fwd") -> Table | None:
     """Each fused route against its zero-cost floor: the explicit route's kernels less the norm launches the fused
     route no longer makes (explicit's norm time less the route's own), from the same run's profiler splits.
     A ratio of 1 means folding the norm in cost nothing beyond the pass it removed. None without such pairs."""
     idx = index_rows(doc, mode)
     shapes = shape_ids(doc)
+    order = {s: i for i, s in enumerate(shapes)}
     rows, notes, ratios = [], [], {}
-    for s in shapes:
-        for (shape, backend, route), r in idx.items():
-            if shape != s or route not in FUSED_ROUTES or r.status == "skipped":
-                continue
-            e = idx.get((s, backend, "explicit"))
-            why = next((f"{x.spec} {x.status}" for x in (r, e) if x is not None and x.status != "ok"), None)
-            if why is None:
-                why = "no explicit row" if e is None else next(
-                    (f"{x.spec} has no kernel split" for x in (r, e) if not x.kernels_us), None)
-            if why:
-                notes.append(f"{s}: {r.spec} left out ({why})")
-                continue
-            floor = sum(e.kernels_us.values()) - _norm_us(e.kernels_us) + _norm_us(r.kernels_us)
-            took = sum(r.kernels_us.values())
-            ratios.setdefault(r.spec, []).append(took / floor)
-            rows.append([s, r.spec, _fmt_us(took), _fmt_us(floor), f"{took / floor:.3f}"])
+    for (s, backend, route), r in sorted(idx.items(), key=lambda item: order[item[0][0]]):
+        if route not in FUSED_ROUTES or r.status == "skipped":
+            continue
+        e = idx.get((s, backend, "explicit"))
+        why = _left_out(r, e)
+        if why:
+            notes.append(f"{s}: {r.spec} left out ({why})")
+            continue
+        floor = sum(e.kernels_us.values()) - _norm_us(e.kernels_us) + _norm_us(r.kernels_us)
+        took = sum(r.kernels_us.values())
+        ratios.setdefault(r.spec, []).append(took / floor)
+        rows.append([s, r.spec, _fmt_us(took), _fmt_us(floor), f"{took / floor:.3f}"])
     if not rows:
         return None
     for spec, xs in ratios.items():

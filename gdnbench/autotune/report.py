@@ -78,25 +78,30 @@ class Tally:
                 self.failed += 1
 
 
-def report_rows(cache_dir=None, kernels=None) -> list[dict]:
-    """Per cache entry (every root of tuned.read_dirs; only ``kernels``' where given): default vs tuned stage
-    time, their ratio and the winning config."""
-    rows = []
+def cache_entries(cache_dir=None, kernels=None):
+    """(gpu folder, entry) of every cache entry under every root of tuned.read_dirs; only ``kernels``' where
+    given."""
     for path in [p for root in tuned.read_dirs(cache_dir) for p in sorted(root.glob("*/*.json"))]:
         for e in tuned.load_entries(path):
-            if kernels and e.get("kernel") not in kernels:
-                continue
-            d, b = (e.get("default") or {}).get("time_us"), (e.get("best") or {}).get("time_us")
-            win = tuned.winner(e)
-            key = e.get("key", {})
-            rows.append({
-                "gpu": path.parent.name, "kernel": e.get("kernel"), "variant": e.get("variant"),
-                "shape_key": key.get("shape_key"), "shape_id": (e.get("shape") or {}).get("id"),
-                "default_us": d, "tuned_us": b, "ratio": (b / d) if b and d else None,
-                "winner": tuned.point_label(win) if win else "default",
-                "evaluated": (e.get("search") or {}).get("evaluated"), "failed": (e.get("search") or {}).get("failed"),
-                "stale": key.get("source_hash") != source_hash(e["kernel"]) if e.get("kernel") in KERNELS else True,
-            })
+            if not kernels or e.get("kernel") in kernels:
+                yield path.parent.name, e
+
+
+def report_rows(cache_dir=None, kernels=None) -> list[dict]:
+    """Per cache entry (:func:`cache_entries`): default vs tuned stage time, their ratio and the winning config."""
+    rows = []
+    for gpu, e in cache_entries(cache_dir, kernels):
+        d, b = (e.get("default") or {}).get("time_us"), (e.get("best") or {}).get("time_us")
+        win = tuned.winner(e)
+        key = e.get("key", {})
+        rows.append({
+            "gpu": gpu, "kernel": e.get("kernel"), "variant": e.get("variant"),
+            "shape_key": key.get("shape_key"), "shape_id": (e.get("shape") or {}).get("id"),
+            "default_us": d, "tuned_us": b, "ratio": (b / d) if b and d else None,
+            "winner": tuned.point_label(win) if win else "default",
+            "evaluated": (e.get("search") or {}).get("evaluated"), "failed": (e.get("search") or {}).get("failed"),
+            "stale": key.get("source_hash") != source_hash(e["kernel"]) if e.get("kernel") in KERNELS else True,
+        })
     return rows
 
 

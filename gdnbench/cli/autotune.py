@@ -352,15 +352,12 @@ def _report(cache_dir: Optional[Path], plot_dir: Optional[Path], kernels: Option
               f"{', '.join(map(str, roots))}")
     print_tables(console, [table])
     if plot_dir is not None:
-        for path in [p for root in roots for p in sorted(root.glob("*/*.json"))]:
-            for e in tuned.load_entries(path):
-                if kernels and e.get("kernel") not in kernels:
-                    continue
-                name = f"{path.parent.name}_{e['kernel']}_{e['variant']}_{e['key']['shape_key']}.png"
-                try:
-                    console.print(f"chart {at_report.chart(e, Path(plot_dir) / name)}")
-                except ValueError as err:  # no ok candidates: say so, keep going
-                    console.print(f"[yellow]{name}: {err}[/yellow]")
+        for gpu, e in at_report.cache_entries(roots, kernels):
+            name = f"{gpu}_{e['kernel']}_{e['variant']}_{e['key']['shape_key']}.png"
+            try:
+                console.print(f"chart {at_report.chart(e, Path(plot_dir) / name)}")
+            except ValueError as err:  # no ok candidates: say so, keep going
+                console.print(f"[yellow]{name}: {err}[/yellow]")
 
 
 def _known_kernels() -> tuple:
