@@ -109,8 +109,9 @@ def test_kda_tasks_per_route():
     assert tuned.variant_of("state", "fused_qk", "kda") == "plain" and tuned.variant_of("state", "fused_qk") == "plain"
     assert tuned.variant_of("output_fused", "fused_qk", "kda") == "fused_q"
     assert tuned.variant_of("output_fused", "fused_qk") == "fused_qk"
-    assert tuned.variant_of("aqk", "fused_qk") == tuned.variant_of("state_out", "fused_q") == "fused_q"
-    assert tuned.variant_of("aqk", "explicit") == "plain"
+    assert tuned.variant_of("state_out", "fused_qk") == tuned.variant_of("state_out", "fused_q") == "fused_q"
+    # aqk bounds raw k's products under fused_qk (FUSE_K): its own specialization
+    assert [tuned.variant_of("aqk", r) for r in tuned.ROUTES] == ["plain", "plain", "fused_q", "fused_qk"]
     # the in-loop form's loop: FUSE_Q under both fused routes, FUSE_K under fused_qk too
     assert [tuned.variant_of("fused_out", r) for r in tuned.ROUTES] == ["plain", "plain", "fused_q", "fused_qk"]
     # KDA's 16-token form: the prepare kernel's NORM_Q / NORM_K per route, its loop the same on every route
@@ -123,7 +124,7 @@ def test_plan_tasks_dedupes_specializations():
     tasks = at_plan.plan_tasks(["explicit", "flag"], list(at_space.KERNELS))
     assert [t.kernel for t in tasks] == ["l2norm", "gram", "wu", "state", "output", "aqk", "state_out", "fused_out"]
     assert [(t.kernel, t.variant, t.route) for t in at_plan.plan_tasks(["fused_q", "fused_qk"], ["aqk", "state_out"])] == [
-        ("aqk", "fused_q", "fused_q"), ("state_out", "fused_q", "fused_q")]
+        ("aqk", "fused_q", "fused_q"), ("state_out", "fused_q", "fused_q"), ("aqk", "fused_qk", "fused_qk")]
     assert [(t.kernel, t.variant, t.route) for t in at_plan.plan_tasks(list(at_space.ROUTES), ["fused_out"])] == [
         ("fused_out", "plain", "flag"), ("fused_out", "fused_q", "fused_q"), ("fused_out", "fused_qk", "fused_qk")]
     assert {t.variant for t in tasks} == {"plain"}

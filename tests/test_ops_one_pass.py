@@ -87,12 +87,14 @@ def test_zero_rows_and_row_scales(dtype):
 
 
 @pytest.mark.filterwarnings("ignore:overflow encountered", "ignore:invalid value encountered")
-@pytest.mark.parametrize("huge_k", [True, False])
-def test_huge_rows_finite(huge_k):
-    """fp32 q rows of 1e30, with k rows of 1e30 (squares overflow) or 1e10 (raw q k products would)."""
+@pytest.mark.parametrize("q_scale,k_scale", [(1e30, 1e30), (1e30, 1e10), (1e9, 1e30)])
+def test_huge_rows_finite(q_scale, k_scale):
+    """fp32 q rows of 1e30, with k rows of 1e30 (squares overflow) or 1e10 (raw q k products would); and q
+    rows of 1e9, whose squares stay below the rare path's bound, with k rows of 1e30 (fused_qk's raw
+    products overflow: aqk's bound on k takes the chunk)."""
     q, k, v, g, beta, _ = make_inputs(1, 70, 1, 1, 32, 16, torch.float32, seed=3)
-    q[0, [2, 66]] *= 1e30
-    k[0, [7, 66]] *= 1e30 if huge_k else 1e10
+    q[0, [2, 66]] *= q_scale
+    k[0, [7, 66]] *= k_scale
     cfg = forced(32, 16, torch.float32)
     ro, rf = reference(q, k, v, g, beta)
     for norm in ("flag",) + FUSED:

@@ -128,7 +128,7 @@ class _Bench:
         h, vn, _ = ops.state_recurrence(state_k, w, u, g_cs, initial_state=h0,
                                         output_final_state=True, varlen=info, config=cfg)
         # GDN's one pass: its own q k^T gram (and q's rstd under the fused routes) for state_out
-        a1, cq = (None, None) if self.kda else ops.chunk_aqk(q, k, g_cs, fuse_q=fuse_q, fuse_k=fuse_k,
+        a1, cq = (None, None) if self.kda else ops.chunk_aqk(q, k, g_cs, fuse_q=fuse_q, ssq_k=ssq,
                                                              varlen=info, config=cfg)
         self._stage[route, gates] = dict(q=q, k=k, g_cs=g_cs, A=A, aqk=aqk, rk=rk, w=w, u=u, h0=h0, h=h, vn=vn,
                                          info=info, fuse_k=fuse_k, fuse_q=fuse_q, state_k=state_k,
@@ -160,7 +160,7 @@ class _Bench:
             return lambda: ops.state_recurrence(st["state_k"], st["w"], st["u"], st["g_cs"],
                                                 initial_state=st["h0"], output_final_state=True, **run)
         if kernel == "aqk":
-            return lambda: ops.chunk_aqk(st["q"], st["k"], st["g_cs"], fuse_q=st["fuse_q"], fuse_k=st["fuse_k"],
+            return lambda: ops.chunk_aqk(st["q"], st["k"], st["g_cs"], fuse_q=st["fuse_q"], ssq_k=st["out_ssq"],
                                          **run)
         if kernel == "fused_out":
             return lambda: ops.state_output_in_loop(st["q"], st["k"], x.v, x.beta, st["g_cs"], st["A"], st["a1"],

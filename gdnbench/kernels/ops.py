@@ -394,21 +394,26 @@ def one_pass(config: GDNConfig, K: int, HV: int, tokens: int, longest: int) -> b
     return HV * tokens >= ONE_PASS_MIN_STREAMS * max(longest, 1)
 
 
-def chunk_aqk(q, k, g_cs, *, fuse_q=False, fuse_k=False, varlen=None, config: GDNConfig = DEFAULT_CONFIG,
+def chunk_aqk(q, k, g_cs, *, fuse_q=False, ssq_k=None, varlen=None, config: GDNConfig = DEFAULT_CONFIG,
               on_launch=None):
     """One-pass stage 3a (GDN): (Aqk [B,T,HV,64] = causal(q k^T * exp(g_i - g_j)) per chunk, unscaled,
     c_q [B,T,HV,2] fp32 (each row's gate cumsum c and c + log2 of q's row rstd) under fuse_q, else None).
-    Aqk is in q's dtype, fp32 under fuse_k with fp16 storage (raw k may leave fp16's range)."""
+    ``ssq_k``: under fused_qk (k raw), gram_solve's largest sum of squares of each chunk's k rows, which
+    bounds the raw products.  Aqk is in q's dtype, fp32 under fused_qk with fp16 storage (raw k may leave
+    fp16's range)."""
     B, T, H, K = q.shape
     HV = g_cs.shape[2]
     n_grid, NT = _chunk_grid(B, T, varlen)
+    fuse_k = ssq_k is not None
+    if fuse_k and not fuse_q:
+        raise ValueError("chunk_aqk: ssq_k (raw k) needs fuse_q")
     dtype = torch.float32 if fuse_k and q.dtype == torch.float16 else q.dtype
     aqk = torch.empty(B, T, HV, CHUNK_SIZE, device=q.device, dtype=dtype)
     c_q = torch.empty(B, T, HV, 2, device=q.device, dtype=torch.float32) if fuse_q else None
     cfg = config.aqk
-    _launch(aqk_kernel, (n_grid, B * H), cfg, q, k, g_cs, aqk, c_q, *_varlen_args(varlen), T, NT,
+    _launch(aqk_kernel, (n_grid, B * H), cfg, q, k, g_cs, aqk, c_q, ssq_k, *_varlen_args(varlen), T, NT,
             H=H, HV=HV, K=K, BK=block(cfg.BK, K), BT=CHUNK_SIZE, IS_VARLEN=varlen is not None, FUSE_Q=fuse_q,
-            PREC=_precision(q.dtype), hooks=on_launch)
+            FUSE_K=fuse_k, PREC=_precision(q.dtype), GP=next_pow2(HV // H), hooks=on_launch)
     return aqk, c_q
 
 
@@ -511,12 +516,12 @@ def kda16_loop(tiles: dict, v, *, initial_state=None, output_final_state=False, 
     return o, ht
 
 
-def _in_loop_forward(q, k, v, beta, g_cs, A, rstd_k, fuse_q, scale, initial_state, output_final_state, run):
+def _in_loop_forward(q, k, v, beta, g_cs, A, rstd_k, ssq_k, fuse_q, scale, initial_state, output_final_state, run):
     """GDN's forward after gram_solve under ``config.in_loop``: chunk_aqk unless "wu_aqk", then the loop.
     ``run``: every stage's varlen, config and on_launch."""
     aqk = c_q = None
     if run["config"].in_loop == "wu":
-        aqk, c_q = chunk_aqk(q, k, g_cs, fuse_q=fuse_q, fuse_k=rstd_k is not None, **run)
+        aqk, c_q = chunk_aqk(q, k, g_cs, fuse_q=fuse_q, ssq_k=ssq_k, **run)
     return state_output_in_loop(q, k, v, beta, g_cs, A, aqk, c_q, rstd_k, scale=scale, initial_state=initial_state,
                                 output_final_state=output_final_state, **run)
 
@@ -659,12 +664,12 @@ def _forward(q, k, v, g, beta, scale, initial_state, output_final_state, cu_seql
         return o, final_state
     g_cs, A, rstd_k, ssq_k = gram_solve(k, g, beta, fuse_k=fuse_k, **run)
     if config.in_loop is not None:
-        return _in_loop_forward(q, k, v, beta, g_cs, A, rstd_k, fuse_q, scale, initial_state, output_final_state,
-                                run)
+        return _in_loop_forward(q, k, v, beta, g_cs, A, rstd_k, ssq_k, fuse_q, scale, initial_state,
+                                output_final_state, run)
     w, u, _ = recompute_wu(k, v, beta, A, g_cs, rstd_k=rstd_k, **run)
     B, T, HV = beta.shape
     if one_pass(config, K, HV, B * T, T if varlen is None else varlen.max_len):
-        aqk, c_q = chunk_aqk(q, k, g_cs, fuse_q=fuse_q, fuse_k=fuse_k, **run)
+        aqk, c_q = chunk_aqk(q, k, g_cs, fuse_q=fuse_q, ssq_k=ssq_k, **run)
         return state_output(q, k, w, u, g_cs, aqk, c_q, scale=scale, initial_state=initial_state,
                             output_final_state=output_final_state, **run)
     h, v_new, final_state = state_recurrence(k, w, u, g_cs, initial_state=initial_state,

@@ -25,15 +25,15 @@ and four warps: nothing hides a load's latency in the serial loop, and prefetchi
 still left 227 / 874); in the tile that brings c it costs 189 / 731.  An earlier form that normalized
 q's tiles before every dot cost 29 us more at h16_hv32_fixed8k and 110-112 at 32K (tuned).
 Under fused_qk k is raw and v_new's rows carry k's rstd (the w/u kernel puts it on w and u), so Aqk is
-built on raw k; where a raw product overflows fp32 (|q| |k| beyond ~1e38) aqk_kernel redoes the chunk
-with q normalized on load (|q_norm . k| <= |k|), and with fp16 storage ops keeps Aqk in fp32 (raw k may
-leave fp16's range).  As in the output kernel, q h on raw q limits q rows to |q| below ~1e36.
+built on raw k; where a raw product could overflow fp32 (a q or k row's sum of squares reaching 2^100)
+aqk_kernel redoes the chunk with q normalized on load (|q_norm . k| <= |k|), and with fp16 storage ops
+keeps Aqk in fp32 (raw k may leave fp16's range).  As in the output kernel, q h on raw q limits q rows to |q| below ~1e36.
 """
 
 import triton
 import triton.language as tl
 
-from .common import chunk_coords, loop_bound, row_rstd, vec_max
+from .common import L2_EPS, SSQ_BIG, chunk_coords, l2_rstd, loop_bound, row_sq_sums, vec_max
 from .state import _add_kv, _initial_pieces, _sequence_span, _store_pieces, _w_times_h
 
 
@@ -51,7 +51,7 @@ def _qk_dots(qb, kb, rows, m_t, r, K: tl.constexpr, stride, BT: tl.constexpr, BK
              SCALE: tl.constexpr, SSQ: tl.constexpr, PREC: tl.constexpr):
     """(q k^T, q's row sums of squares if SSQ, else zeros) over the K tiles of one chunk; SCALE: q's
     rows times r on load.  The sums come from the q tiles already loaded, in fp32 (inf where a row
-    overflows, which row_rstd's rare path takes)."""
+    overflows: aqk_kernel's rare path)."""
     b_s = tl.zeros([BT, BT], dtype=tl.float32)
     ssq = tl.zeros([BT], dtype=tl.float32)
     for i_k in range(tl.cdiv(K, BK)):
@@ -66,25 +66,31 @@ def _qk_dots(qb, kb, rows, m_t, r, K: tl.constexpr, stride, BT: tl.constexpr, BK
 
 
 @triton.jit(do_not_specialize=["T", "NT"])
-def aqk_kernel(q, k, g_cs, aqk, c_q, cu_seqlens, chunk_indices, T, NT,
+def aqk_kernel(q, k, g_cs, aqk, c_q, ssq_k, cu_seqlens, chunk_indices, T, NT,
                H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, BK: tl.constexpr, BT: tl.constexpr,
-               IS_VARLEN: tl.constexpr, FUSE_Q: tl.constexpr, PREC: tl.constexpr):
+               IS_VARLEN: tl.constexpr, FUSE_Q: tl.constexpr, FUSE_K: tl.constexpr, PREC: tl.constexpr,
+               GP: tl.constexpr):
     """Grid (chunks, B*H): Aqk = causal(q k^T * exp2(c_i - c_j)) of one chunk for the HV / H value heads
     that share q head i_h.  q k^T (and under FUSE_Q q's rstd) is formed once per q head; only the gates
     differ between its value heads (H200, gdn-qwen6, against one program per value head at tuned
     configs: HV64 57.8 -> 48.5 us, 32K 133.1 -> 118.2; fused_qk HV64 101.7 -> 60.4, HV48 78.7 -> 54.7).
 
     FUSE_Q: one pass over raw q accumulates q k^T and q's row sums of squares (from the q tiles the dot
-    loads), whose rstd r then scales the rows.  Where a raw product overflowed fp32 (|q| |k| beyond
-    ~1e38: fused_qk's raw k), the chunk is redone with q's rows normalized on load.  It also writes c_q
-    [B,T,HV,2] fp32: each row's (c, c + log2 r) for state_out, as one [64, 2] tile.  Against the
-    diagonal of a q q^T dot and two strided stores (H200, kernel alone, CUDA graphs, the old entries'
-    configs): 44.2 -> 38.6 us at h16_hv32_fixed8k, 159.2 -> 139.9 at 32K, 53.5 -> 50.6 at HV48; slower
-    at HV64 (60.2 -> 68.0, 59.6 at its searched entry) and mixed (10.4 -> 11.6)."""
+    loads), whose rstd r then scales the rows.  It also writes c_q [B,T,HV,2] fp32: each row's
+    (c, c + log2 r) for state_out, for all G value heads of the q head in one [64, 2 GP] tile (GP: G
+    rounded up to a power of two); against a [64, 2] tile per value head (H200, the kernel alone at the
+    fused entries' configs, CUDA graphs; the ssq test below in both): HV32 8K 36.9 -> 34.9 us, HV64
+    56.2 -> 50.2, HV48 46.9 -> 44.0, 32K 130.0 -> 127.5; plain aqk there 33.1, 50.4, 42.5, 112.0.
+
+    The rare path (a chunk with a q row whose sum of squares reached SSQ_BIG, or under FUSE_K a k row
+    whose did: gram_solve's ssq_k) redoes the chunk with q's rows normalized on load, their rstd
+    overflow-safe.  Below those bounds no raw product can overflow fp32 (|q . k| <= |q| |k| < 2^100;
+    fused_q's k has unit rows), so one test of the sums replaces a test of every product of the tile
+    (H200, the kernel alone at the fused entries' configs: 32K 136.9 -> 130.3 us, HV32 8K 38.2 -> 36.9)."""
     i_c, i_bh = tl.program_id(0), tl.program_id(1)
     i_b, i_h = i_bh // H, i_bh % H
     G: tl.constexpr = HV // H
-    tok0, n_valid, _ = chunk_coords(i_c, i_b, T, NT, cu_seqlens, chunk_indices, BT, IS_VARLEN)
+    tok0, n_valid, i_g = chunk_coords(i_c, i_b, T, NT, cu_seqlens, chunk_indices, BT, IS_VARLEN)
     rows = tl.arange(0, BT)
     m_t = rows < n_valid
     qb = q + tok0 * (H * K) + i_h * K
@@ -92,20 +98,27 @@ def aqk_kernel(q, k, g_cs, aqk, c_q, cu_seqlens, chunk_indices, T, NT,
     b_s, ssq = _qk_dots(qb, kb, rows, m_t, m_t.to(tl.float32), K, H * K, BT, BK, False, FUSE_Q, PREC)
     r = m_t.to(tl.float32)
     if FUSE_Q:
-        r = row_rstd(qb, rows, m_t, ssq, K, H * K, BK)
-        overflowed = tl.where(tl.abs(b_s) < float("inf"), 0, 1)  # inf or NaN (NaN compares false)
-        if vec_max(tl.max(overflowed, 1)) == 0:
-            b_s = b_s * r[:, None]
-        else:
+        rare = vec_max(ssq) >= SSQ_BIG
+        if FUSE_K:
+            rare = rare | (tl.load(ssq_k + i_g * H + i_h) >= SSQ_BIG)
+        if rare:
+            r = l2_rstd(ssq, row_sq_sums(qb, rows, m_t, K, H * K, BK, False, True)[1])
             b_s = _qk_dots(qb, kb, rows, m_t, r, K, H * K, BT, BK, True, False, PREC)[0]
+        else:
+            r = 1.0 / tl.sqrt(ssq + L2_EPS)
+            b_s = b_s * r[:, None]
+    if FUSE_Q:  # the G value heads' pairs are adjacent in c_q: one [BT, 2 GP] tile, G * 8 bytes per row
+        o_g = tl.arange(0, GP)
+        c_g = tl.load(g_cs + tok0 * HV + i_h * G + rows[:, None] * HV + o_g[None, :],
+                      mask=m_t[:, None] & (o_g < G)[None, :], other=0.0)
+        pairs = tl.reshape(tl.join(c_g, c_g + tl.log2(r)[:, None]), [BT, 2 * GP])
+        o_p = tl.arange(0, 2 * GP)
+        tl.store(c_q + (tok0 * HV + i_h * G) * 2 + rows[:, None] * (HV * 2) + o_p[None, :], pairs,
+                 mask=m_t[:, None] & (o_p < 2 * G)[None, :])
     keep = (rows[:, None] >= rows[None, :]) & m_t[:, None] & m_t[None, :]
     for j in tl.static_range(G):
         i_hv = i_h * G + j
         c = tl.load(g_cs + tok0 * HV + i_hv + rows * HV, mask=m_t, other=0.0)
-        if FUSE_Q:
-            pair = tl.join(c, c + tl.log2(r))  # [BT, 2]: one 8-byte store per row
-            p_cq = c_q + (tok0 * HV + i_hv) * 2 + rows[:, None] * (HV * 2) + tl.arange(0, 2)[None, :]
-            tl.store(p_cq, pair, mask=m_t[:, None])
         b_a = tl.where(keep, b_s * tl.math.exp2(c[:, None] - c[None, :]), 0.0)
         tl.store(aqk + tok0 * (HV * BT) + i_hv * BT + rows[:, None] * (HV * BT) + rows[None, :],
                  b_a.to(aqk.dtype.element_ty), mask=m_t[:, None])

@@ -10,7 +10,7 @@ machine and the code. An entry whose source hash or Triton version no longer mat
 with a warning (a new ``gdnbench autotune`` replaces it). ``variant``: which specialization of the
 kernel ran (``plain``; ``fuse_k`` for the k-norm folded into gram/kda_intra/wu under fused_qk (the
 state kernel runs plain: GDN's v_new carries k's rstd, KDA's kg does); ``fused_q`` / ``fused_qk`` for
-output_fused and for fused_out and kda16_prep under those routes; ``fused_q`` for aqk, state_out and
+output_fused and for aqk, fused_out and kda16_prep under those routes; ``fused_q`` for state_out and
 kda_state_out under both fused routes (their FUSE_Q form)).
 
 No torch import here.
@@ -69,7 +69,8 @@ def variant_of(kernel: str, route: str, family: str = "gdn") -> str:
     its output kernel reads Aqk, which kda_intra built with k's rstd: fused_qk runs fused_q's."""
     if kernel == "output_fused":
         return "fused_q" if family == "kda" else route
-    if kernel in ("fused_out", "kda16_prep"):  # FUSE_Q / NORM_Q under both fused routes, FUSE_K / NORM_K under fused_qk
+    if kernel in ("fused_out", "kda16_prep", "aqk"):  # FUSE_Q / NORM_Q under both fused routes, FUSE_K / NORM_K (aqk:
+        # the bound on raw k) under fused_qk
         return route if route.startswith("fused") else "plain"
     if kernel == "kda16_loop":  # reads what the prepare kernel wrote, whatever the route
         return "plain"
