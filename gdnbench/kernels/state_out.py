@@ -27,7 +27,8 @@ q's tiles before every dot cost 29 us more at h16_hv32_fixed8k and 110-112 at 32
 Under fused_qk k is raw and v_new's rows carry k's rstd (the w/u kernel puts it on w and u), so Aqk is
 built on raw k; where a raw product could overflow fp32 (a q or k row's sum of squares reaching 2^100)
 aqk_kernel redoes the chunk with q normalized on load (|q_norm . k| <= |k|), and with fp16 storage ops
-keeps Aqk in fp32 (raw k may leave fp16's range).  As in the output kernel, q h on raw q limits q rows to |q| below ~1e36.
+keeps Aqk in fp32 (raw k may leave fp16's range).  As in the output kernel, q h on raw q limits q rows
+to |q| below ~1e36.
 """
 
 import triton

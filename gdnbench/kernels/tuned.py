@@ -69,8 +69,8 @@ def variant_of(kernel: str, route: str, family: str = "gdn") -> str:
     its output kernel reads Aqk, which kda_intra built with k's rstd: fused_qk runs fused_q's."""
     if kernel == "output_fused":
         return "fused_q" if family == "kda" else route
-    if kernel in ("fused_out", "kda16_prep", "aqk"):  # FUSE_Q / NORM_Q under both fused routes, FUSE_K / NORM_K (aqk:
-        # the bound on raw k) under fused_qk
+    # FUSE_Q / NORM_Q under both fused routes, FUSE_K / NORM_K under fused_qk (aqk's: the bound on raw k)
+    if kernel in ("fused_out", "kda16_prep", "aqk"):
         return route if route.startswith("fused") else "plain"
     if kernel == "kda16_loop":  # reads what the prepare kernel wrote, whatever the route
         return "plain"
