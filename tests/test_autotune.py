@@ -77,6 +77,20 @@ def test_spaces_at_head_sizes_not_multiples_of_16(K, V):
             assert at_space.count_valid(kernel, K, V, "float16", family) > 0
 
 
+def test_fused_qk_loop_also_searches_where_k_rstd_comes_from():
+    """Only fused_out's fused_qk variant has the k_rstd_tile dimension (the other variants compile the same code
+    either way); it comes first, at its default False; other kernels may not set it."""
+    from gdnbench.kernels.config import GDNConfig, KernelConfig, validate
+
+    qk = at_space.build_space("fused_out", 128, 128, "bfloat16", "gdn", "fused_qk")
+    assert qk.dims[0] == ("k_rstd_tile", (False, True)) and qk.start["k_rstd_tile"] is False
+    assert qk.is_valid({**qk.start, "k_rstd_tile": True})
+    for variant in ("plain", "fused_q"):
+        assert "k_rstd_tile" not in dict(at_space.build_space("fused_out", 128, 128, "bfloat16", "gdn", variant).dims)
+    with pytest.raises(ValueError, match="k_rstd_tile"):
+        validate(GDNConfig(state_out=KernelConfig(BK=64, BV=32, k_rstd_tile=True)), 128, 128)
+
+
 def test_kda_space_tunes_kda_intra_block_and_prunes_with_gate_tiles():
     from gdnbench.kernels.config import SMEM_LIMIT_BYTES, KernelConfig, _smem_estimate
 

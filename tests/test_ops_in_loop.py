@@ -114,6 +114,36 @@ def test_early_beta_is_the_same_loop(form, norm, seg):
     assert all(torch.equal(a, b) for a, b in zip(late, early))
 
 
+@pytest.mark.parametrize("seg,dtype", [(1, torch.float32), (4, torch.float32), (2, torch.float16)])
+def test_k_rstd_tile_is_the_same_loop(seg, dtype):
+    """fused_qk's k_rstd_tile reads k's rstd from aqk's k_q tile, as (c + log2 r, r), not as its own vector: within
+    rounding of the vector form (exp2(c + log2 r) against exp2(c) r) and of the fp64 recurrence, varlen, GVA 2,
+    an initial state, in one segment and in several."""
+    cu = torch.tensor([0, 37, 37, 101, 131], dtype=torch.int64)
+    q, k, v, g, beta, s0 = make_inputs(1, 131, 2, 4, 32, 48, dtype, n_seqs=4, h0=True, seed=8)
+    k = k * 3
+    loop = KernelConfig(BV=16, num_warps=2, segments=seg, split_v=seg == 4)
+    new, _ = configs(32, 48, dtype, "wu", fused_out=loop)
+    vec = chunk_gdn(q, k, v, g, beta, initial_state=s0, output_final_state=True, cu_seqlens=cu, norm="fused_qk",
+                    config=new)
+    tile = check("fused_qk", dtype, q, k, v, g, beta, s0, cu,
+                 config=dataclasses.replace(new, fused_out=dataclasses.replace(loop, k_rstd_tile=True)))
+    assert all(rel_rms(a, b) < AGREE[dtype] for a, b in zip(vec, tile)), [rel_rms(a, b) for a, b in zip(vec, tile)]
+
+
+@pytest.mark.filterwarnings("ignore:overflow encountered", "ignore:invalid value encountered")
+def test_k_rstd_tile_huge_rows_finite():
+    """k_rstd_tile with fp32 q and k rows of 1e30: log2 of k's rstd (about -100) in the tile, not the rstd alone."""
+    q, k, v, g, beta, _ = make_inputs(1, 70, 1, 1, 32, 16, torch.float32, seed=3)
+    q[0, [2, 66]] *= 1e30
+    k[0, [7, 66]] *= 1e30
+    new, _ = configs(32, 16, torch.float32, "wu", fused_out=KernelConfig(BV=16, num_warps=2, k_rstd_tile=True))
+    o, fs = chunk_gdn(q, k, v, g, beta, norm="fused_qk", output_final_state=True, config=new)
+    ro, rf = reference(q, k, v, g, beta)
+    assert torch.isfinite(o).all() and torch.isfinite(fs).all()
+    assert rel_rms(o, ro) < 1e-4 and rel_rms(fs, rf) < 1e-4, (rel_rms(o, ro), rel_rms(fs, rf))
+
+
 def _launched(monkeypatch, config, norm="flag"):
     names = []
     real = ops._launch
@@ -270,7 +300,7 @@ def test_split_v_matches_one_segment(norm, segments, V, BV, monkeypatch):
     def launch(kernel, grid, args, constexprs, options):
         out = real_launch(kernel, grid, args, constexprs, options)
         if kernel is ops.fused_state_out_kernel:
-            syncs.append(args[13])
+            syncs.append(args[kernel.arg_names.index("sync")])
         return out
     real_launch = ops.launch
     monkeypatch.setattr(ops, "launch", launch)

@@ -209,11 +209,34 @@ def test_aqk_one_program_per_q_head(H, HV, fuse_q):
     q = torch.randn(1, 165, H, 32, generator=gen)
     k = ops.l2norm(torch.randn(1, 165, H, 32, generator=gen))
     g_cs = -torch.rand(1, 165, HV, generator=gen).cumsum(1) * 0.1
-    aqk, c_q = ops.chunk_aqk(q, k, g_cs, fuse_q=fuse_q, varlen=prepare_varlen(cu),
-                             config=forced(32, 16, torch.float32, aqk=KernelConfig(BK=16)))
+    aqk, c_q, k_q = ops.chunk_aqk(q, k, g_cs, fuse_q=fuse_q, varlen=prepare_varlen(cu),
+                                  config=forced(32, 16, torch.float32, aqk=KernelConfig(BK=16)))
+    assert k_q is None
     want, want_cq = aqk_reference(q, k, g_cs, cu, fuse_q)
     assert torch.allclose(aqk[0].double(), want, atol=1e-5, rtol=1e-5)
     if fuse_q:
         assert torch.allclose(c_q[0].double(), want_cq, atol=1e-5, rtol=1e-5)
     else:
         assert c_q is None
+
+
+@pytest.mark.parametrize("H,HV", [(2, 8), (2, 6)])
+def test_aqk_writes_k_rstd_pairs(H, HV):
+    """Under fused_qk with gram_solve's rstd_k, aqk also writes k_q: each row's (c + log2 rstd(k), rstd(k)) per value
+    head (GVA 4, and 3 in a tile of 4), for the in-loop kernel's k_rstd_tile; Aqk and c_q are as without it."""
+    gen = torch.Generator().manual_seed(5)
+    cu = torch.tensor([0, 70, 70, 100, 165])
+    q = torch.randn(1, 165, H, 32, generator=gen)
+    k = torch.randn(1, 165, H, 32, generator=gen) * 3
+    g = -torch.rand(1, 165, HV, generator=gen) * 0.1
+    beta = torch.rand(1, 165, HV, generator=gen)
+    run = dict(varlen=prepare_varlen(cu), config=forced(32, 16, torch.float32, aqk=KernelConfig(BK=16)))
+    g_cs, _, rstd_k, ssq_k = ops.gram_solve(k, g, beta, fuse_k=True, **run)
+    aqk, c_q, k_q = ops.chunk_aqk(q, k, g_cs, fuse_q=True, ssq_k=ssq_k, rstd_k=rstd_k, **run)
+    aqk0, c_q0, none = ops.chunk_aqk(q, k, g_cs, fuse_q=True, ssq_k=ssq_k, **run)
+    assert none is None and torch.equal(aqk, aqk0) and torch.equal(c_q, c_q0)
+    rk = k[0].double().pow(2).sum(-1).add(1e-6).rsqrt().repeat_interleave(HV // H, dim=1)
+    want = torch.stack([g_cs[0].double() + torch.log2(rk), rk], -1)
+    assert torch.allclose(k_q[0].double(), want, atol=1e-5, rtol=1e-5)
+    with pytest.raises(ValueError, match="rstd_k"):
+        ops.chunk_aqk(q, k, g_cs, fuse_q=True, rstd_k=rstd_k, **run)

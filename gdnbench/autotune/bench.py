@@ -128,11 +128,11 @@ class _Bench:
         h, vn, _ = ops.state_recurrence(state_k, w, u, g_cs, initial_state=h0,
                                         output_final_state=True, varlen=info, config=cfg)
         # GDN's one pass: its own q k^T gram (and q's rstd under the fused routes) for state_out
-        a1, cq = (None, None) if self.kda else ops.chunk_aqk(q, k, g_cs, fuse_q=fuse_q, ssq_k=ssq,
-                                                             varlen=info, config=cfg)
+        a1, cq, kq = (None, None, None) if self.kda else ops.chunk_aqk(q, k, g_cs, fuse_q=fuse_q, ssq_k=ssq,
+                                                                       rstd_k=rk, varlen=info, config=cfg)
         self._stage[route, gates] = dict(q=q, k=k, g_cs=g_cs, A=A, aqk=aqk, rk=rk, w=w, u=u, h0=h0, h=h, vn=vn,
                                          info=info, fuse_k=fuse_k, fuse_q=fuse_q, state_k=state_k,
-                                         out_k=out_k, out_rk=out_rk, out_ssq=out_ssq, a1=a1, cq=cq)
+                                         out_k=out_k, out_rk=out_rk, out_ssq=out_ssq, a1=a1, cq=cq, kq=kq)
         return self._stage[route, gates]
 
     def kda16_tiles(self, route: str, gates: str | None = None) -> dict:
@@ -164,7 +164,7 @@ class _Bench:
                                          **run)
         if kernel == "fused_out":
             return lambda: ops.state_output_in_loop(st["q"], st["k"], x.v, x.beta, st["g_cs"], st["A"], st["a1"],
-                                                    st["cq"], st["rk"], scale=x.scale, initial_state=st["h0"],
+                                                    st["cq"], st["rk"], st["kq"], scale=x.scale, initial_state=st["h0"],
                                                     output_final_state=True, **run)
         if kernel == "kda_state_out":
             return lambda: ops.kda_state_output(st["q"], st["state_k"], st["w"], st["u"], st["g_cs"], st["aqk"],

@@ -33,8 +33,8 @@ def dry_run_rows(shapes: list, tasks: list[Task], exhaustive_max: int = EXHAUSTI
     rows = []
     for s in unique_shapes(shapes):
         for t in (t for t in tasks if t.family == s.family):
-            space = build_space(t.kernel, s.K, s.V, s.dtype, s.family)
-            n_valid = count_valid(t.kernel, s.K, s.V, s.dtype, s.family)
+            space = build_space(t.kernel, s.K, s.V, s.dtype, s.family, t.variant)
+            n_valid = count_valid(t.kernel, s.K, s.V, s.dtype, s.family, t.variant)
             cached = cached_on(cache_dir, t, s) if cache_dir is not None else {}
             rows.append({
                 "kernel": t.kernel, "variant": t.variant, "route": t.route, "shape_id": s.id,

@@ -5,9 +5,10 @@ from 16 up to the head size rounded up to a power of two: larger blocks are clam
 kernel to the same code), num_warps 1..16, num_stages 1..4 (1 for l2norm, which has no loop)
 and maxnreg: None (the compiler's choice) plus caps 64, 72, .., 248 (every multiple of 8 that
 ptxas accepts between 64 and 255); fused_out also its segments per sequence (1, 2, 4, 8) and
-split_v (at 4 or 8 segments) and early_beta; kda16_prep also tf32_grams. Points that
-:func:`gdnbench.kernels.config.validate` (the same function the
-defaults pass) rejects - shared memory, block divisibility, register file - are pruned before anything runs. The other kernels keep the shape's default config.
+split_v (at 4 or 8 segments) and early_beta, and under fused_qk k_rstd_tile; kda16_prep also
+tf32_grams. Points that :func:`gdnbench.kernels.config.validate` (the same function the defaults pass)
+rejects - shared memory, block divisibility, register file - are pruned before anything runs. The other
+kernels keep the shape's default config.
 """
 
 from __future__ import annotations
@@ -42,8 +43,8 @@ def _blocks_for(dim: int) -> tuple[int, ...]:
     return tuple(b for b in BLOCKS if b <= max(top, BLOCKS[0]))
 
 
-def dimensions(kernel: str, K: int, V: int) -> list[tuple[str, tuple]]:
-    """The tuned dimensions of a kernel and their values, in coordinate-descent order."""
+def dimensions(kernel: str, K: int, V: int, variant: str = "plain") -> list[tuple[str, tuple]]:
+    """The tuned dimensions of a kernel's variant and their values, in coordinate-descent order."""
     tail = [("num_warps", WARPS), ("num_stages", (1,) if kernel in ("l2norm", "kda16_prep") else STAGES),
             ("maxnreg", MAXNREG_VALUES)]
     if kernel == "l2norm":
@@ -56,6 +57,10 @@ def dimensions(kernel: str, K: int, V: int) -> list[tuple[str, tuple]]:
     # fused_out's beta load order first: one compile from the start point; faster at 5 of 8 shipped entries, slower at 1
     # (kernels/fused_fwd.py)
     first = [("early_beta", (False, True))] if kernel == "fused_out" else []
+    if kernel == "fused_out" and variant == "fused_qk":
+        # where k's rstd comes from: its own vector or aqk's tile (H200, the loop alone, kernels/fused_fwd.py: the
+        # tile searched 803 us at h16_hv32_fixed32k against 893; at 2 stages it cost 192 -> 346 at h16_hv48_uniform)
+        first = [("k_rstd_tile", (False, True))] + first
     return first + [(b, _blocks_for(K if b == "BK" else V)) for b in blocks] + segs + tail
 
 
@@ -120,14 +125,14 @@ def _start_point(kernel: str, base, dims, K: int, V: int) -> Point:
     return out
 
 
-def build_space(kernel: str, K: int, V: int, dtype: str, family: str = "gdn") -> Space:
-    """The space of ``kernel`` for head sizes K, V, a storage dtype and a family, pruned by validate()
+def build_space(kernel: str, K: int, V: int, dtype: str, family: str = "gdn", variant: str = "plain") -> Space:
+    """The space of ``kernel``'s variant for head sizes K, V, a storage dtype and a family, pruned by validate()
     (KDA's kernels stream fp32 gate tiles too: their shared-memory estimates differ)."""
     from ..kernels.config import default_config, validate
 
     elt = dtype_bytes(dtype)
     base = default_config(K, V, elt, family)
-    dims = dimensions(kernel, K, V)
+    dims = dimensions(kernel, K, V, variant)
 
     def is_valid(point: Point) -> bool:
         try:
@@ -140,5 +145,5 @@ def build_space(kernel: str, K: int, V: int, dtype: str, family: str = "gdn") ->
 
 
 @functools.lru_cache(maxsize=None)
-def count_valid(kernel: str, K: int, V: int, dtype: str, family: str = "gdn") -> int:
-    return len(build_space(kernel, K, V, dtype, family).valid_points())
+def count_valid(kernel: str, K: int, V: int, dtype: str, family: str = "gdn", variant: str = "plain") -> int:
+    return len(build_space(kernel, K, V, dtype, family, variant).valid_points())

@@ -147,7 +147,7 @@ def _tune_shape(set_path: str, shape, todo, opts: TuneOptions, dist: Dist, on_ev
 def _tune_one(client, env, task: Task, shape, set_path: str, opts: TuneOptions, dist: Dist, on_event,
               pool: CompilePool | None = None) -> dict:
     t0 = time.monotonic()
-    space = build_space(task.kernel, shape.K, shape.V, shape.dtype, shape.family)
+    space = build_space(task.kernel, shape.K, shape.V, shape.dtype, shape.family, task.variant)
     on_event("search", {"task": task, "shape": shape, "estimate": space.pass_size()})
     one_by_one = per_candidate(lambda p: client.evaluate(task.kernel, task.route, p))
     seeds = dist.all_gather(seed_points(opts.cache_dir, env, task, shape) if opts.seeds and dist.rank == 0

@@ -55,6 +55,9 @@ class KernelConfig:
     tf32_grams: bool = False
     # fused_out only: beta's rows loaded before each chunk step's first product (kernels/fused_fwd.py), not after k h
     early_beta: bool = False
+    # fused_out under fused_qk only: k's rstd comes in a (c + log2 rstd, rstd) tile aqk_kernel writes, not as its own
+    # [64] vector (kernels/fused_fwd.py)
+    k_rstd_tile: bool = False
 
 
 @dataclass(frozen=True)
@@ -317,6 +320,8 @@ def _check(config: GDNConfig, K: int, V: int, dtype_bytes: int, family: str) -> 
             raise ValueError(f"config.{name}.tf32_grams=True: only kda16_prep forms tile grams")
         if name not in ("l2norm", "fused_out") and c.early_beta:
             raise ValueError(f"config.{name}.early_beta=True: only fused_out has that load order")
+        if name not in ("l2norm", "fused_out") and c.k_rstd_tile:
+            raise ValueError(f"config.{name}.k_rstd_tile=True: only fused_out reads k's rstd in a tile")
         if name == "l2norm" and (c.BR < 1 or c.BR & (c.BR - 1)):
             raise ValueError(f"config.l2norm.BR={c.BR} must be a power of two")
         if c.num_warps not in _WARPS:

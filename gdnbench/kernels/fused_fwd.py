@@ -23,6 +23,12 @@ Otherwise Aqk (and, FUSE_Q, c_q) come from aqk_kernel as in state_out.
 FUSE_K (fused_qk): k is raw and A is built on k's normalized rows (gram_solve); the w/u kernel's rows
 carry k's rstd r (w h = r A (beta exp2(c) r (k_raw h)), u = r A (beta v)), so here
 x = beta v - beta exp2(c) r (k_raw h) and v_new = r (A x), and the update runs on raw k as before.
+K_TILE (KernelConfig.k_rstd_tile): r comes in aqk_kernel's k_q tile, each row's (c + log2 r, r), not as its own
+[64] vector from gram_solve's rstd_k [B,T,H], a plain load the step waits on, as q's rstd was (state_out.py).
+H200, the loop alone under fused_qk, CUDA graphs, the tile read as a second pair of a [B,T,HV,4] c_q: searched,
+803 us at h16_hv32_fixed32k against the vector form's entry's 893 (plain's 768), 210 against 214 at HV32 8K; at
+the vector form's entries with 2 stages it cost 192 -> 346 us at h16_hv48_uniform and 333 -> 475 at HV64.  So
+it is searched.
 
 Rounding: the two-kernel forms round w and u to k's and v's dtype; this form rounds x to A's dtype for the
 A x product and keeps v_new in fp32 until the o product (cast to v's dtype there, as state_out does).
@@ -96,11 +102,11 @@ def _update(b_k, b_vd, b_h, d_last, PREC: tl.constexpr):
 
 
 @triton.jit
-def _chunk_step(q, k, v, beta, g_cs, A, rstd_k, aqk, c_q, o, tok, n_valid, rows, o_v, m_v, i_h, i_hv,
+def _chunk_step(q, k, v, beta, g_cs, A, rstd_k, k_q, aqk, c_q, o, tok, n_valid, rows, o_v, m_v, i_h, i_hv,
                 b_h1, b_h2, b_h3, b_h4, scale, H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
                 BV: tl.constexpr, BT: tl.constexpr, FUSE_Q: tl.constexpr, FUSE_K: tl.constexpr,
                 IN_LOOP_AQK: tl.constexpr, PREC: tl.constexpr, PIECE: tl.constexpr, OUT: tl.constexpr,
-                EARLY_BETA: tl.constexpr):
+                EARLY_BETA: tl.constexpr, K_TILE: tl.constexpr):
     """One chunk of the loop: o's rows (OUT) and the state carried past the chunk; OUT False is a warm-up
     step (the state only: no q, Aqk or o).  EARLY_BETA: beta's rows are loaded before the step's first
     product, not after k h (module docstring)."""
@@ -138,10 +144,15 @@ def _chunk_step(q, k, v, beta, g_cs, A, rstd_k, aqk, c_q, o, tok, n_valid, rows,
     # v_new = A x,  x = beta v - beta exp2(c) (k h)   (= u - w h)
     if not EARLY_BETA:
         b_beta = tl.load(beta + tok * HV + i_hv + rows * HV, mask=m_t, other=0.0).to(tl.float32)
-    f_kh = b_beta * tl.math.exp2(c)
-    if FUSE_K:
-        r_k = tl.load(rstd_k + tok * H + i_h + rows * H, mask=m_t, other=0.0)
-        f_kh = f_kh * r_k
+    if K_TILE:  # f_kh = beta exp2(c + log2 r_k)
+        p_kq = k_q + (tok * HV + i_hv) * 2 + rows[:, None] * (HV * 2) + tl.arange(0, 2)[None, :]
+        c_k, r_k = tl.split(tl.load(p_kq, mask=m_t[:, None], other=0.0))
+        f_kh = b_beta * tl.math.exp2(c_k)
+    else:
+        f_kh = b_beta * tl.math.exp2(c)
+        if FUSE_K:
+            r_k = tl.load(rstd_k + tok * H + i_h + rows * H, mask=m_t, other=0.0)
+            f_kh = f_kh * r_k
     m_tv = m_t[:, None] & m_v[None, :]
     p_v = rows[:, None] * (HV * V) + o_v[None, :]
     b_v = tl.load(v + tok * (HV * V) + i_hv * V + p_v, mask=m_tv, other=0.0).to(tl.float32)
@@ -236,11 +247,12 @@ def _head_waits(gl, n_chunks, per_seg, stride, THRESH: tl.constexpr, SEG: tl.con
 
 
 @triton.jit
-def _walk(q, k, v, beta, g_cs, A, rstd_k, aqk, c_q, o, h0, ht, sync, hand, scale, t, i_s, i_h, i_hv, i_nh, bos,
+def _walk(q, k, v, beta, g_cs, A, rstd_k, k_q, aqk, c_q, o, h0, ht, sync, hand, scale, t, i_s, i_h, i_hv, i_nh, bos,
           seq_len, n_chunks, o_v, H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
           BV: tl.constexpr, NV: tl.constexpr, BT: tl.constexpr, USE_H0: tl.constexpr, STORE_HT: tl.constexpr,
           FUSE_Q: tl.constexpr, FUSE_K: tl.constexpr, IN_LOOP_AQK: tl.constexpr, PREC: tl.constexpr,
-          PIECE: tl.constexpr, SEG: tl.constexpr, THRESH: tl.constexpr, EARLY_BETA: tl.constexpr):
+          PIECE: tl.constexpr, SEG: tl.constexpr, THRESH: tl.constexpr, EARLY_BETA: tl.constexpr,
+          K_TILE: tl.constexpr):
     """One program's walk over its V slab o_v (BV wide): SEG 1 the whole sequence, else segment i_s of SEG
     (warm-up or hand-over first, module docstring)."""
     m_v = o_v < V
@@ -264,15 +276,15 @@ def _walk(q, k, v, beta, g_cs, A, rstd_k, aqk, c_q, o, h0, ht, sync, hand, scale
         elif w0 > 0:  # warm up from an empty state
             b_h1, b_h2, b_h3, b_h4 = b_h1 * 0.0, b_h2 * 0.0, b_h3 * 0.0, b_h4 * 0.0
         for i_t in range(loop_bound(tl.maximum(w0, 0)), loop_bound(tl.where(w0 < 0, 0, c0))):
-            b_h1, b_h2, b_h3, b_h4 = _chunk_step(q, k, v, beta, g_cs, A, rstd_k, aqk, c_q, o, bos + i_t * BT,
+            b_h1, b_h2, b_h3, b_h4 = _chunk_step(q, k, v, beta, g_cs, A, rstd_k, k_q, aqk, c_q, o, bos + i_t * BT,
                                                  seq_len - i_t * BT, rows, o_v, m_v, i_h, i_hv, b_h1, b_h2, b_h3,
                                                  b_h4, scale, H, HV, K, V, BV, BT, FUSE_Q, FUSE_K, IN_LOOP_AQK, PREC,
-                                                 PIECE, False, EARLY_BETA)
+                                                 PIECE, False, EARLY_BETA, K_TILE)
     for i_t in range(loop_bound(c0), loop_bound(c1)):
-        b_h1, b_h2, b_h3, b_h4 = _chunk_step(q, k, v, beta, g_cs, A, rstd_k, aqk, c_q, o, bos + i_t * BT,
+        b_h1, b_h2, b_h3, b_h4 = _chunk_step(q, k, v, beta, g_cs, A, rstd_k, k_q, aqk, c_q, o, bos + i_t * BT,
                                              seq_len - i_t * BT, rows, o_v, m_v, i_h, i_hv, b_h1, b_h2, b_h3, b_h4,
                                              scale, H, HV, K, V, BV, BT, FUSE_Q, FUSE_K, IN_LOOP_AQK, PREC, PIECE,
-                                             True, EARLY_BETA)
+                                             True, EARLY_BETA, K_TILE)
     if SEG > 1:
         if c1 < n_chunks:  # hand the state over where the next segment waits for it (the same test it makes)
             if _warm_start(gl, c1, per_seg, BT * HV, THRESH, 64) < 0:
@@ -286,15 +298,17 @@ def _walk(q, k, v, beta, g_cs, A, rstd_k, aqk, c_q, o, h0, ht, sync, hand, scale
 
 @triton.jit(do_not_specialize=["T"])
 def fused_state_out_kernel(
-    q, k, v, beta, g_cs, A, rstd_k, aqk, c_q, o, h0, ht, cu_seqlens, sync, hand, scale, T,
+    q, k, v, beta, g_cs, A, rstd_k, k_q, aqk, c_q, o, h0, ht, cu_seqlens, sync, hand, scale, T,
     H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BV: tl.constexpr, BT: tl.constexpr,
     IS_VARLEN: tl.constexpr, USE_H0: tl.constexpr, STORE_HT: tl.constexpr, FUSE_Q: tl.constexpr,
     FUSE_K: tl.constexpr, IN_LOOP_AQK: tl.constexpr, PREC: tl.constexpr, PIECE: tl.constexpr,
     SEG: tl.constexpr, THRESH: tl.constexpr, SPLIT_V: tl.constexpr, BVS: tl.constexpr, EARLY_BETA: tl.constexpr,
+    K_TILE: tl.constexpr,
 ):
     """SEG 1: grid (cdiv(V, BV), N*HV).  o like v; h0/ht [N, HV, K, V] fp32; A [B,T,HV,64] from gram_solve; aqk
-    and c_q from aqk_kernel unless IN_LOOP_AQK (then unused, and FUSE_Q is not allowed); rstd_k [B,T,H] fp32
-    under FUSE_K.  PIECE rows per state piece, K <= 4 PIECE (as the state kernel).
+    and c_q from aqk_kernel unless IN_LOOP_AQK (then unused, and FUSE_Q is not allowed); under FUSE_K rstd_k
+    [B,T,H] fp32, or with K_TILE k_q [B,T,HV,2] fp32 from aqk_kernel.  PIECE rows per state piece, K <= 4 PIECE
+    (as the state kernel).
 
     SEG > 1 (context parallelism, module docstring): grid (N*SEG*HV*cdiv(V, BV),); sync int32 zeros, one
     ticket counter then a flag per program; hand fp32 [N*SEG*HV, K, V], the states handed between segments.
@@ -322,14 +336,14 @@ def fused_state_out_kernel(
         gl = g_cs + (bos + BT - 1) * HV + i_hv
         if _head_waits(gl, n_chunks, tl.cdiv(n_chunks, SEG), BT * HV, THRESH, SEG) > 0:
             if i_s * BVS < BV:
-                _walk(q, k, v, beta, g_cs, A, rstd_k, aqk, c_q, o, h0, ht, sync, hand, scale, t, i_s * 0, i_h, i_hv,
-                      i_nh, bos, seq_len, n_chunks, i_v * BV + i_s * BVS + tl.arange(0, BVS), H, HV, K, V, BVS, NV,
-                      BT, USE_H0, STORE_HT, FUSE_Q, FUSE_K, IN_LOOP_AQK, PREC, PIECE, 1, THRESH, EARLY_BETA)
+                _walk(q, k, v, beta, g_cs, A, rstd_k, k_q, aqk, c_q, o, h0, ht, sync, hand, scale, t, i_s * 0, i_h,
+                      i_hv, i_nh, bos, seq_len, n_chunks, i_v * BV + i_s * BVS + tl.arange(0, BVS), H, HV, K, V, BVS, NV,
+                      BT, USE_H0, STORE_HT, FUSE_Q, FUSE_K, IN_LOOP_AQK, PREC, PIECE, 1, THRESH, EARLY_BETA, K_TILE)
         else:
-            _walk(q, k, v, beta, g_cs, A, rstd_k, aqk, c_q, o, h0, ht, sync, hand, scale, t, i_s, i_h, i_hv,
+            _walk(q, k, v, beta, g_cs, A, rstd_k, k_q, aqk, c_q, o, h0, ht, sync, hand, scale, t, i_s, i_h, i_hv,
                   i_nh, bos, seq_len, n_chunks, o_v, H, HV, K, V, BV, NV, BT, USE_H0, STORE_HT, FUSE_Q, FUSE_K,
-                  IN_LOOP_AQK, PREC, PIECE, SEG, THRESH, EARLY_BETA)
+                  IN_LOOP_AQK, PREC, PIECE, SEG, THRESH, EARLY_BETA, K_TILE)
     else:
-        _walk(q, k, v, beta, g_cs, A, rstd_k, aqk, c_q, o, h0, ht, sync, hand, scale, t, i_s, i_h, i_hv, i_nh,
+        _walk(q, k, v, beta, g_cs, A, rstd_k, k_q, aqk, c_q, o, h0, ht, sync, hand, scale, t, i_s, i_h, i_hv, i_nh,
               bos, seq_len, n_chunks, o_v, H, HV, K, V, BV, NV, BT, USE_H0, STORE_HT, FUSE_Q, FUSE_K, IN_LOOP_AQK,
-              PREC, PIECE, SEG, THRESH, EARLY_BETA)
+              PREC, PIECE, SEG, THRESH, EARLY_BETA, K_TILE)

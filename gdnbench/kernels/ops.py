@@ -394,27 +394,32 @@ def one_pass(config: GDNConfig, K: int, HV: int, tokens: int, longest: int) -> b
     return HV * tokens >= ONE_PASS_MIN_STREAMS * max(longest, 1)
 
 
-def chunk_aqk(q, k, g_cs, *, fuse_q=False, ssq_k=None, varlen=None, config: GDNConfig = DEFAULT_CONFIG,
-              on_launch=None):
+def chunk_aqk(q, k, g_cs, *, fuse_q=False, ssq_k=None, rstd_k=None, varlen=None,
+              config: GDNConfig = DEFAULT_CONFIG, on_launch=None):
     """One-pass stage 3a (GDN): (Aqk [B,T,HV,64] = causal(q k^T * exp(g_i - g_j)) per chunk, unscaled,
-    c_q [B,T,HV,2] fp32 (each row's gate cumsum c and c + log2 of q's row rstd) under fuse_q, else None).
-    ``ssq_k``: under fused_qk (k raw), gram_solve's largest sum of squares of each chunk's k rows, which
-    bounds the raw products.  Aqk is in q's dtype, fp32 under fused_qk with fp16 storage (raw k may leave
-    fp16's range)."""
+    c_q [B,T,HV,2] fp32 (each row's gate cumsum c and c + log2 of q's row rstd) under fuse_q, else None,
+    k_q [B,T,HV,2] fp32 (each row's c + log2 of k's row rstd, and that rstd) where ``rstd_k`` is given, else
+    None).  ``ssq_k``: under fused_qk (k raw), gram_solve's largest sum of squares of each chunk's k rows,
+    which bounds the raw products; ``rstd_k``: its k rstd, for the in-loop kernel's ``k_rstd_tile``.  Aqk is
+    in q's dtype, fp32 under fused_qk with fp16 storage (raw k may leave fp16's range)."""
     B, T, H, K = q.shape
     HV = g_cs.shape[2]
     n_grid, NT = _chunk_grid(B, T, varlen)
     fuse_k = ssq_k is not None
     if fuse_k and not fuse_q:
         raise ValueError("chunk_aqk: ssq_k (raw k) needs fuse_q")
+    if rstd_k is not None and not fuse_k:
+        raise ValueError("chunk_aqk: rstd_k (raw k) needs ssq_k")
     dtype = torch.float32 if fuse_k and q.dtype == torch.float16 else q.dtype
     aqk = torch.empty(B, T, HV, CHUNK_SIZE, device=q.device, dtype=dtype)
     c_q = torch.empty(B, T, HV, 2, device=q.device, dtype=torch.float32) if fuse_q else None
+    k_q = torch.empty(B, T, HV, 2, device=q.device, dtype=torch.float32) if rstd_k is not None else None
     cfg = config.aqk
-    _launch(aqk_kernel, (n_grid, B * H), cfg, q, k, g_cs, aqk, c_q, ssq_k, *_varlen_args(varlen), T, NT,
-            H=H, HV=HV, K=K, BK=block(cfg.BK, K), BT=CHUNK_SIZE, IS_VARLEN=varlen is not None, FUSE_Q=fuse_q,
-            FUSE_K=fuse_k, PREC=_precision(q.dtype), GP=next_pow2(HV // H), hooks=on_launch)
-    return aqk, c_q
+    _launch(aqk_kernel, (n_grid, B * H), cfg, q, k, g_cs, aqk, c_q, ssq_k, rstd_k, k_q, *_varlen_args(varlen), T,
+            NT, H=H, HV=HV, K=K, BK=block(cfg.BK, K), BT=CHUNK_SIZE, IS_VARLEN=varlen is not None, FUSE_Q=fuse_q,
+            FUSE_K=fuse_k, PREC=_precision(q.dtype), GP=next_pow2(HV // H), K_TILE=k_q is not None,
+            hooks=on_launch)
+    return aqk, c_q, k_q
 
 
 def state_output(q, k, w, u, g_cs, aqk, c_q=None, *, scale, initial_state=None, output_final_state=False,
@@ -437,12 +442,14 @@ def state_output(q, k, w, u, g_cs, aqk, c_q=None, *, scale, initial_state=None, 
     return o, ht
 
 
-def state_output_in_loop(q, k, v, beta, g_cs, A, aqk=None, c_q=None, rstd_k=None, *, scale, initial_state=None,
-                         output_final_state=False, varlen=None, config: GDNConfig = DEFAULT_CONFIG, on_launch=None):
+def state_output_in_loop(q, k, v, beta, g_cs, A, aqk=None, c_q=None, rstd_k=None, k_q=None, *, scale,
+                         initial_state=None, output_final_state=False, varlen=None, config: GDNConfig = DEFAULT_CONFIG,
+                         on_launch=None):
     """One-pass stage (GDN, ``config.in_loop``): (o, final_state) as :func:`state_output` gives them, with
     w h and u computed in the loop from :func:`gram_solve`'s A (no :func:`recompute_wu`), and q k^T too
     where ``aqk`` is None (no :func:`chunk_aqk`; q as given: norm none / flag).  ``rstd_k``: fused_qk's
-    k rstd from gram_solve (k is raw); ``c_q``: fused_q's from chunk_aqk (kernels/fused_fwd.py).
+    k rstd from gram_solve (k is raw), read from ``k_q`` (chunk_aqk's) where ``config.fused_out.k_rstd_tile``;
+    ``c_q``: fused_q's from chunk_aqk (kernels/fused_fwd.py).
     ``config.fused_out.segments`` > 1 cuts each sequence into that many programs (k's rows must be unit-norm);
     ``split_v`` gives a head that would wait for a segment's state those programs' V columns instead."""
     B, T, H, K = k.shape
@@ -451,6 +458,9 @@ def state_output_in_loop(q, k, v, beta, g_cs, A, aqk=None, c_q=None, rstd_k=None
     o = torch.empty_like(v)
     ht = _final_state(N, HV, K, V, k.device, output_final_state)
     cfg = config.fused_out
+    tile = cfg.k_rstd_tile and rstd_k is not None
+    if tile and k_q is None:
+        raise ValueError("state_output_in_loop: config.fused_out.k_rstd_tile reads k_q (chunk_aqk with rstd_k)")
     BV = block(cfg.BV, V)
     seg = cfg.segments
     grid, sync, hand = (cdiv(V, BV), N * HV), None, None
@@ -459,13 +469,13 @@ def state_output_in_loop(q, k, v, beta, g_cs, A, aqk=None, c_q=None, rstd_k=None
         sync = torch.zeros(1 + grid[0], device=k.device, dtype=torch.int32)
         hand = torch.empty(N * seg * HV, K, V, device=k.device, dtype=torch.float32)
     _launch(fused_state_out_kernel, grid, cfg,
-            q, k, v, beta, g_cs, A, rstd_k, aqk, c_q, o, initial_state, ht,
+            q, k, v, beta, g_cs, A, None if tile else rstd_k, k_q if tile else None, aqk, c_q, o, initial_state, ht,
             None if varlen is None else varlen.cu_seqlens, sync, hand, float(scale), T,
             H=H, HV=HV, K=K, V=V, BV=BV, BT=CHUNK_SIZE, IS_VARLEN=varlen is not None,
             USE_H0=initial_state is not None, STORE_HT=output_final_state, FUSE_Q=c_q is not None,
             FUSE_K=rstd_k is not None, IN_LOOP_AQK=aqk is None, PREC=_precision(k.dtype), PIECE=state_piece(cfg, K),
             SEG=seg, THRESH=WARM_UP_LOG2, SPLIT_V=cfg.split_v, BVS=split_width(BV, seg) if cfg.split_v else BV,
-            EARLY_BETA=cfg.early_beta, hooks=on_launch)
+            EARLY_BETA=cfg.early_beta, K_TILE=tile, hooks=on_launch)
     return o, ht
 
 
@@ -519,11 +529,12 @@ def kda16_loop(tiles: dict, v, *, initial_state=None, output_final_state=False, 
 def _in_loop_forward(q, k, v, beta, g_cs, A, rstd_k, ssq_k, fuse_q, scale, initial_state, output_final_state, run):
     """GDN's forward after gram_solve under ``config.in_loop``: chunk_aqk unless "wu_aqk", then the loop.
     ``run``: every stage's varlen, config and on_launch."""
-    aqk = c_q = None
+    aqk = c_q = k_q = None
     if run["config"].in_loop == "wu":
-        aqk, c_q = chunk_aqk(q, k, g_cs, fuse_q=fuse_q, ssq_k=ssq_k, **run)
-    return state_output_in_loop(q, k, v, beta, g_cs, A, aqk, c_q, rstd_k, scale=scale, initial_state=initial_state,
-                                output_final_state=output_final_state, **run)
+        tile = rstd_k is not None and run["config"].fused_out.k_rstd_tile
+        aqk, c_q, k_q = chunk_aqk(q, k, g_cs, fuse_q=fuse_q, ssq_k=ssq_k, rstd_k=rstd_k if tile else None, **run)
+    return state_output_in_loop(q, k, v, beta, g_cs, A, aqk, c_q, rstd_k, k_q, scale=scale,
+                                initial_state=initial_state, output_final_state=output_final_state, **run)
 
 
 # ----------------------------------------------------------------------------- entry point
@@ -669,7 +680,7 @@ def _forward(q, k, v, g, beta, scale, initial_state, output_final_state, cu_seql
     w, u, _ = recompute_wu(k, v, beta, A, g_cs, rstd_k=rstd_k, **run)
     B, T, HV = beta.shape
     if one_pass(config, K, HV, B * T, T if varlen is None else varlen.max_len):
-        aqk, c_q = chunk_aqk(q, k, g_cs, fuse_q=fuse_q, ssq_k=ssq_k, **run)
+        aqk, c_q, _ = chunk_aqk(q, k, g_cs, fuse_q=fuse_q, ssq_k=ssq_k, **run)
         return state_output(q, k, w, u, g_cs, aqk, c_q, scale=scale, initial_state=initial_state,
                             output_final_state=output_final_state, **run)
     h, v_new, final_state = state_recurrence(k, w, u, g_cs, initial_state=initial_state,

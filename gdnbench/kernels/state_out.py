@@ -67,10 +67,10 @@ def _qk_dots(qb, kb, rows, m_t, r, K: tl.constexpr, stride, BT: tl.constexpr, BK
 
 
 @triton.jit(do_not_specialize=["T", "NT"])
-def aqk_kernel(q, k, g_cs, aqk, c_q, ssq_k, cu_seqlens, chunk_indices, T, NT,
+def aqk_kernel(q, k, g_cs, aqk, c_q, ssq_k, rstd_k, k_q, cu_seqlens, chunk_indices, T, NT,
                H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, BK: tl.constexpr, BT: tl.constexpr,
                IS_VARLEN: tl.constexpr, FUSE_Q: tl.constexpr, FUSE_K: tl.constexpr, PREC: tl.constexpr,
-               GP: tl.constexpr):
+               GP: tl.constexpr, K_TILE: tl.constexpr):
     """Grid (chunks, B*H): Aqk = causal(q k^T * exp2(c_i - c_j)) of one chunk for the HV / H value heads
     that share q head i_h.  q k^T (and under FUSE_Q q's rstd) is formed once per q head; only the gates
     differ between its value heads (H200, gdn-qwen6, against one program per value head at tuned
@@ -82,6 +82,8 @@ def aqk_kernel(q, k, g_cs, aqk, c_q, ssq_k, cu_seqlens, chunk_indices, T, NT,
     rounded up to a power of two); against a [64, 2] tile per value head (H200, the kernel alone at the
     fused entries' configs, CUDA graphs; the ssq test below in both): HV32 8K 36.9 -> 34.9 us, HV64
     56.2 -> 50.2, HV48 46.9 -> 44.0, 32K 130.0 -> 127.5; plain aqk there 33.1, 50.4, 42.5, 112.0.
+    K_TILE (under FUSE_K): it also writes k_q [B,T,HV,2] fp32, each row's (c + log2 r_k, r_k) from gram_solve's
+    k rstd r_k, in the same [64, 2 GP] tile form, for the in-loop kernel's k_rstd_tile (fused_fwd.py).
 
     The rare path (a chunk with a q row whose sum of squares reached SSQ_BIG, or under FUSE_K a k row
     whose did: gram_solve's ssq_k) redoes the chunk with q's rows normalized on load, their rstd
@@ -116,6 +118,12 @@ def aqk_kernel(q, k, g_cs, aqk, c_q, ssq_k, cu_seqlens, chunk_indices, T, NT,
         o_p = tl.arange(0, 2 * GP)
         tl.store(c_q + (tok0 * HV + i_h * G) * 2 + rows[:, None] * (HV * 2) + o_p[None, :], pairs,
                  mask=m_t[:, None] & (o_p < 2 * G)[None, :])
+        if K_TILE:
+            r_k = tl.load(rstd_k + (tok0 + rows) * H + i_h, mask=m_t, other=1.0)
+            r_kg = tl.broadcast_to(r_k[:, None], [BT, GP])
+            k_pairs = tl.reshape(tl.join(c_g + tl.log2(r_k)[:, None], r_kg), [BT, 2 * GP])
+            tl.store(k_q + (tok0 * HV + i_h * G) * 2 + rows[:, None] * (HV * 2) + o_p[None, :], k_pairs,
+                     mask=m_t[:, None] & (o_p < 2 * G)[None, :])
     keep = (rows[:, None] >= rows[None, :]) & m_t[:, None] & m_t[None, :]
     for j in tl.static_range(G):
         i_hv = i_h * G + j
