@@ -84,6 +84,14 @@ def loop_bound(n):
 
 
 @triton.jit
+def row_pairs(ptr, tok, i_hv, rows, m_t, HV: tl.constexpr):
+    """The two fp32 columns of a [B,T,HV,2] tensor (c_q, k_q) at rows tok + rows of value head i_hv, loaded as one
+    [rows, 2] tile (8 contiguous bytes per row) and split."""
+    p = ptr + (tok * HV + i_hv) * 2 + rows[:, None] * (HV * 2) + tl.arange(0, 2)[None, :]
+    return tl.split(tl.load(p, mask=m_t[:, None], other=0.0))
+
+
+@triton.jit
 def vec_max(x):
     """The largest element of a 1-D tensor, as a scalar.  On sm_100 and up, Triton 3.6's
     TritonNvidiaGPUOptimizeTMemLayoutsPass fails ("parent layout must have at least rank >= 2") on a

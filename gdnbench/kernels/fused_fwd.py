@@ -72,7 +72,7 @@ So it is searched, not fixed.
 import triton
 import triton.language as tl
 
-from .common import loop_bound
+from .common import loop_bound, row_pairs
 from .state import _initial_pieces, _sequence_span, _store_pieces
 
 WARM_UP_LOG2 = 32  # a warm-up starts where the gates have decayed by 2^-32
@@ -136,8 +136,7 @@ def _chunk_step(q, k, v, beta, g_cs, A, rstd_k, k_q, aqk, c_q, o, tok, n_valid, 
     last = tl.minimum(n_valid, BT) - 1
     c_last = tl.load(gb + last * HV)
     if FUSE_Q:  # q h on raw q: its rows take q's rstd r, as exp2(c + log2 r) (see state_out.py)
-        p_cq = c_q + (tok * HV + i_hv) * 2 + rows[:, None] * (HV * 2) + tl.arange(0, 2)[None, :]
-        c, c_o = tl.split(tl.load(p_cq, mask=m_t[:, None], other=0.0))
+        c, c_o = row_pairs(c_q, tok, i_hv, rows, m_t, HV)
     else:
         c = tl.load(gb + rows * HV, mask=m_t, other=0.0)
         c_o = c
@@ -145,8 +144,7 @@ def _chunk_step(q, k, v, beta, g_cs, A, rstd_k, k_q, aqk, c_q, o, tok, n_valid, 
     if not EARLY_BETA:
         b_beta = tl.load(beta + tok * HV + i_hv + rows * HV, mask=m_t, other=0.0).to(tl.float32)
     if K_TILE:  # f_kh = beta exp2(c + log2 r_k)
-        p_kq = k_q + (tok * HV + i_hv) * 2 + rows[:, None] * (HV * 2) + tl.arange(0, 2)[None, :]
-        c_k, r_k = tl.split(tl.load(p_kq, mask=m_t[:, None], other=0.0))
+        c_k, r_k = row_pairs(k_q, tok, i_hv, rows, m_t, HV)
         f_kh = b_beta * tl.math.exp2(c_k)
     else:
         f_kh = b_beta * tl.math.exp2(c)

@@ -458,7 +458,7 @@ def state_output_in_loop(q, k, v, beta, g_cs, A, aqk=None, c_q=None, rstd_k=None
     o = torch.empty_like(v)
     ht = _final_state(N, HV, K, V, k.device, output_final_state)
     cfg = config.fused_out
-    tile = cfg.k_rstd_tile and rstd_k is not None
+    tile = _reads_k_rstd_tile(config, rstd_k)
     if tile and k_q is None:
         raise ValueError("state_output_in_loop: config.fused_out.k_rstd_tile reads k_q (chunk_aqk with rstd_k)")
     BV = block(cfg.BV, V)
@@ -526,12 +526,17 @@ def kda16_loop(tiles: dict, v, *, initial_state=None, output_final_state=False, 
     return o, ht
 
 
+def _reads_k_rstd_tile(config: GDNConfig, rstd_k) -> bool:
+    """Whether the in-loop kernel reads k's rstd from chunk_aqk's k_q (fused_qk, ``config.fused_out.k_rstd_tile``)."""
+    return rstd_k is not None and config.fused_out.k_rstd_tile
+
+
 def _in_loop_forward(q, k, v, beta, g_cs, A, rstd_k, ssq_k, fuse_q, scale, initial_state, output_final_state, run):
     """GDN's forward after gram_solve under ``config.in_loop``: chunk_aqk unless "wu_aqk", then the loop.
     ``run``: every stage's varlen, config and on_launch."""
     aqk = c_q = k_q = None
     if run["config"].in_loop == "wu":
-        tile = rstd_k is not None and run["config"].fused_out.k_rstd_tile
+        tile = _reads_k_rstd_tile(run["config"], rstd_k)
         aqk, c_q, k_q = chunk_aqk(q, k, g_cs, fuse_q=fuse_q, ssq_k=ssq_k, rstd_k=rstd_k if tile else None, **run)
     return state_output_in_loop(q, k, v, beta, g_cs, A, aqk, c_q, rstd_k, k_q, scale=scale,
                                 initial_state=initial_state, output_final_state=output_final_state, **run)

@@ -34,7 +34,7 @@ to |q| below ~1e36.
 import triton
 import triton.language as tl
 
-from .common import L2_EPS, SSQ_BIG, chunk_coords, l2_rstd, loop_bound, row_sq_sums, vec_max
+from .common import L2_EPS, SSQ_BIG, chunk_coords, l2_rstd, loop_bound, row_pairs, row_sq_sums, vec_max
 from .state import _add_kv, _initial_pieces, _sequence_span, _store_pieces, _w_times_h
 
 
@@ -187,8 +187,7 @@ def state_out_kernel(
         last = tl.minimum(n_valid, BT) - 1
         c_last = tl.load(gb + last * HV)
         if FUSE_Q:  # q h on raw q: its rows take q's rstd r, as exp2(c + log2 r), in the tile that brings c
-            p_cq = c_q + (tok * HV + i_hv) * 2 + rows[:, None] * (HV * 2) + tl.arange(0, 2)[None, :]
-            c, c_o = tl.split(tl.load(p_cq, mask=m_t[:, None], other=0.0))
+            c, c_o = row_pairs(c_q, tok, i_hv, rows, m_t, HV)
         else:
             c = tl.load(gb + rows * HV, mask=m_t, other=0.0)
             c_o = c
