@@ -220,7 +220,7 @@ def test_seed_points_come_from_current_entries_of_the_same_kernel_and_family(tmp
     p2 = {"BK": 32, "num_warps": 1, "num_stages": 2, "maxnreg": None}
     save(b, "plain", p2)                       # another shape of the family
     save(a, "plain", p1)                       # this shape, another variant: first
-    save(a, "fuse_k", {"BK": 16, "num_warps": 8, "num_stages": 1, "maxnreg": None})  # this very search: never
+    p5 = {"BK": 16, "num_warps": 8, "num_stages": 1, "maxnreg": None}
     save(b, "fuse_k", {"BK": 128, "num_warps": 2, "num_stages": 1, "maxnreg": None}, source="sha256:old")  # stale
     save(kda, "plain", {"BK": 16, "num_warps": 4, "num_stages": 4, "maxnreg": None})  # other family
     assert at_search.seed_points(tmp_path, env, task, a) == [p1, p2]
@@ -229,6 +229,9 @@ def test_seed_points_come_from_current_entries_of_the_same_kernel_and_family(tmp
     p0 = {"BK": 16, "num_warps": 2, "num_stages": 2, "maxnreg": None}
     save(a, "fuse_k", p0, source="sha256:old")
     assert at_search.seed_points(tmp_path, env, task, a) == [p0, p1, p2]
+    # its current winner (a --retune) before that
+    save(a, "fuse_k", p5)
+    assert at_search.seed_points(tmp_path, env, task, a)[0] == p5
     # the output kernels seed each other
     p3 = {"BK": 128, "BV": 128, "num_warps": 4, "num_stages": 2, "maxnreg": None}
     save(a, "plain", p3, family_kernel="output")
