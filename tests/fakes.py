@@ -198,3 +198,17 @@ class RecordingFake(CorrectFake):
     def prepare(self, shape, route, inputs):
         self.prepared.append(inputs.v.shape[0] * inputs.v.shape[1])
         return super().prepare(shape, route, inputs)
+
+
+class FlakyRowFake(PerturbedFake):
+    """Right on its first call, one o row doubled on every later one: a result that changes between calls on the
+    same inputs, which the gate reports beside its verdict."""
+
+    name = "fake_flaky_row"
+
+    def __init__(self):
+        self.calls = 0
+
+    def perturb(self, o, s):
+        self.calls += 1
+        return (o if self.calls == 1 else _middle_row(o, 2.0)), s

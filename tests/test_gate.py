@@ -233,3 +233,27 @@ def test_cuda_fwd_gates_the_timed_call_at_full_length(monkeypatch):
     (row,) = rows
     assert row["status"] == "ok" and row["check"]["tokens"] == 200 and row["check"]["shortened"] is False
     assert fake.prepared == [200]  # one closure, gated and timed: no separate shortened one
+
+
+def test_cuda_fwd_gate_compares_the_first_call_with_the_judged_one(monkeypatch):
+    from gdnbench.analysis.report import check_table
+    from gdnbench.bench import measure
+    from gdnbench.data.records import Row, RunDocument, ShapeSetInfo
+
+    real = measure.gate_shape
+    monkeypatch.setattr(measure, "gate_shape", lambda shape, mode, device, ct: real(shape, mode, "cuda", ct))
+    rows = run_set(SMOKE, [], ["explicit"], device="cpu", check_tokens=64, params=FAST, shape_ids=["gdn_fixed_b2"],
+                   isolate=False, backend_objects=[fakes.FlakyRowFake(), fakes.CorrectFake()])
+    by = _by_key(rows)
+    flaky, steady = by[("gdn_fixed_b2", "fake_flaky_row", "explicit")], by[("gdn_fixed_b2", "fake_correct", "explicit")]
+    assert flaky["status"] == "incorrect" and flaky["deterministic"] is False
+    assert steady["status"] == "ok" and steady["deterministic"] is True
+    doc = RunDocument({}, ShapeSetInfo("smoke", "sha256:x", 1, ("gdn",), {}), {}, {"mode": "fwd"},
+                      [Row.from_dict(r) for r in rows])
+    (note,) = check_table(doc).notes
+    assert "fake_flaky_row:explicit at gdn_fixed_b2" in note and "fake_correct" not in note
+    # shortened gate inputs (the CPU's): another closure, nothing to compare
+    monkeypatch.undo()
+    cpu = run_set(SMOKE, [], ["explicit"], device="cpu", check_tokens=64, params=FAST, shape_ids=["gdn_fixed_b2"],
+                  isolate=False, backend_objects=[fakes.CorrectFake()])
+    assert "deterministic" not in cpu[0]

@@ -247,10 +247,12 @@ def check_table(doc: RunDocument, mode: str = "fwd") -> Table:
         tokens = "-" if c.get("tokens") is None else str(c.get("tokens")) + (" (short)" if c.get("shortened") else "")
         rows.append([r.shape_id, r.spec, r.status, _sci(c.get("err_o")), _sci(c.get("budget_o")),
                      _sci(c.get("err_state")), _sci(c.get("budget_state")), tokens])
+    differed = [f"{r.spec} at {r.shape_id}" for r in doc.rows if r.mode == mode and r.get("deterministic") is False]
+    notes = [f"the first call and the judged call on the same inputs differed: {', '.join(differed)}"] if differed else []
     return Table("correctness gate (rel-RMS error vs fp64 recurrence; budget = "
                  "2 x error of the recurrence at storage precision)",
                  ["shape", "backend:route", "status", "err o", "budget o", "err state", "budget state", "check tokens"],
-                 rows)
+                 rows, notes)
 
 
 def geomean_table(doc: RunDocument, pairs: list[str] | None = None, mode: str = "fwd") -> Table:

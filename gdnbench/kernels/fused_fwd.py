@@ -25,10 +25,10 @@ carry k's rstd r (w h = r A (beta exp2(c) r (k_raw h)), u = r A (beta v)), so he
 x = beta v - beta exp2(c) r (k_raw h) and v_new = r (A x), and the update runs on raw k as before.
 K_TILE (KernelConfig.k_rstd_tile): r comes in aqk_kernel's k_q tile, each row's (c + log2 r, r), not as its own
 [64] vector from gram_solve's rstd_k [B,T,H], a plain load the step waits on, as q's rstd was (state_out.py).
-H200, the loop alone under fused_qk, CUDA graphs, the tile read as a second pair of a [B,T,HV,4] c_q: searched,
-803 us at h16_hv32_fixed32k against the vector form's entry's 893 (plain's 768), 210 against 214 at HV32 8K; at
-the vector form's entries with 2 stages it cost 192 -> 346 us at h16_hv48_uniform and 333 -> 475 at HV64.  So
-it is searched.
+H200, the loop alone under fused_qk, CUDA graphs, strong / long gates: searched, 642.8 / 966.5 us at
+h16_hv32_fixed32k against the vector form's 676.3 / 1166.5 at that config, 181.8 / 249.9 at HV32 8K against the
+vector entry's 172.3 / 269.6; at the vector form's entries with 2 stages a tile cost 192 -> 346 us at
+h16_hv48_uniform and 333 -> 475 at HV64.  So it is searched.
 
 Rounding: the two-kernel forms round w and u to k's and v's dtype; this form rounds x to A's dtype for the
 A x product and keeps v_new in fp32 until the o product (cast to v's dtype there, as state_out does).
