@@ -91,6 +91,15 @@ def test_fused_qk_loop_also_searches_where_k_rstd_comes_from():
         validate(GDNConfig(state_out=KernelConfig(BK=64, BV=32, k_rstd_tile=True)), 128, 128)
 
 
+def test_aqk_searches_when_it_loads_the_gates():
+    """aqk's every variant has early_gates first, at its default False (the shipped entries' code)."""
+    for variant in ("plain", "fused_q", "fused_qk"):
+        space = at_space.build_space("aqk", 128, 128, "bfloat16", "gdn", variant)
+        assert space.dims[0] == ("early_gates", (False, True)) and space.start["early_gates"] is False
+        assert space.is_valid({**space.start, "early_gates": True})
+    assert "early_gates" not in dict(at_space.build_space("fused_out", 128, 128, "bfloat16", "gdn", "plain").dims)
+
+
 def test_kda_space_tunes_kda_intra_block_and_prunes_with_gate_tiles():
     from gdnbench.kernels.config import SMEM_LIMIT_BYTES, KernelConfig, _smem_estimate
 

@@ -240,3 +240,31 @@ def test_aqk_writes_k_rstd_pairs(H, HV):
     assert torch.allclose(k_q[0].double(), want, atol=1e-5, rtol=1e-5)
     with pytest.raises(ValueError, match="rstd_k"):
         ops.chunk_aqk(q, k, g_cs, fuse_q=True, rstd_k=rstd_k, **run)
+
+
+@pytest.mark.parametrize("H,HV", [(2, 2), (2, 6)])
+def test_aqk_early_gates_is_the_same_kernel(H, HV):
+    """KernelConfig.early_gates (aqk's gate rows, and k's rstd for k_q, loaded before q k^T) changes when aqk loads,
+    not what it writes: Aqk, c_q and k_q bitwise equal to the default order, plain / fused_q / fused_qk with k_q,
+    GVA 1 and 3 (in a tile of 4), varlen with tails; other kernels may not set it."""
+    from gdnbench.kernels.config import validate
+
+    gen = torch.Generator().manual_seed(7)
+    cu = torch.tensor([0, 70, 70, 100, 165])
+    q = torch.randn(1, 165, H, 32, generator=gen)
+    k = torch.randn(1, 165, H, 32, generator=gen) * 3
+    g = -torch.rand(1, 165, HV, generator=gen) * 0.1
+    beta = torch.rand(1, 165, HV, generator=gen)
+    info = prepare_varlen(cu)
+    late = forced(32, 16, torch.float32, aqk=KernelConfig(BK=16))
+    early = forced(32, 16, torch.float32, aqk=KernelConfig(BK=16, early_gates=True))
+    g_cs, _, rstd_k, ssq_k = ops.gram_solve(k, g, beta, fuse_k=True, varlen=info, config=late)
+    kn = l2norm(k)
+    for args, kw in (((q, kn, g_cs), {}), ((q, kn, g_cs), dict(fuse_q=True)),
+                     ((q, k, g_cs), dict(fuse_q=True, ssq_k=ssq_k, rstd_k=rstd_k))):
+        a = ops.chunk_aqk(*args, varlen=info, config=late, **kw)
+        b = ops.chunk_aqk(*args, varlen=info, config=early, **kw)
+        for x, y in zip(a, b):
+            assert (x is None and y is None) or torch.equal(x, y)
+    with pytest.raises(ValueError, match="early_gates"):
+        validate(GDNConfig(state_out=KernelConfig(BK=64, BV=32, early_gates=True)), 128, 128)

@@ -58,6 +58,9 @@ class KernelConfig:
     # fused_out under fused_qk only: k's rstd comes in a (c + log2 rstd, rstd) tile aqk_kernel writes, not as its own
     # [64] vector (kernels/fused_fwd.py)
     k_rstd_tile: bool = False
+    # aqk only: the chunk's gate rows (and k's rstd for fused_out's k_rstd_tile) loaded before q k^T's products,
+    # not after them (kernels/state_out.py)
+    early_gates: bool = False
 
 
 @dataclass(frozen=True)
@@ -322,6 +325,8 @@ def _check(config: GDNConfig, K: int, V: int, dtype_bytes: int, family: str) -> 
             raise ValueError(f"config.{name}.early_beta=True: only fused_out has that load order")
         if name not in ("l2norm", "fused_out") and c.k_rstd_tile:
             raise ValueError(f"config.{name}.k_rstd_tile=True: only fused_out reads k's rstd in a tile")
+        if name not in ("l2norm", "aqk") and c.early_gates:
+            raise ValueError(f"config.{name}.early_gates=True: only aqk has that load order")
         if name == "l2norm" and (c.BR < 1 or c.BR & (c.BR - 1)):
             raise ValueError(f"config.l2norm.BR={c.BR} must be a power of two")
         if c.num_warps not in _WARPS:

@@ -418,7 +418,7 @@ def chunk_aqk(q, k, g_cs, *, fuse_q=False, ssq_k=None, rstd_k=None, varlen=None,
     _launch(aqk_kernel, (n_grid, B * H), cfg, q, k, g_cs, aqk, c_q, ssq_k, rstd_k, k_q, *_varlen_args(varlen), T,
             NT, H=H, HV=HV, K=K, BK=block(cfg.BK, K), BT=CHUNK_SIZE, IS_VARLEN=varlen is not None, FUSE_Q=fuse_q,
             FUSE_K=fuse_k, PREC=_precision(q.dtype), GP=next_pow2(HV // H), K_TILE=k_q is not None,
-            hooks=on_launch)
+            EARLY=cfg.early_gates, hooks=on_launch)
     return aqk, c_q, k_q
 
 

@@ -66,11 +66,19 @@ def _qk_dots(qb, kb, rows, m_t, r, K: tl.constexpr, stride, BT: tl.constexpr, BK
     return b_s, ssq
 
 
+@triton.jit
+def _gate_rows(g_cs, tok0, i_h, rows, m_t, HV: tl.constexpr, G: tl.constexpr, GP: tl.constexpr):
+    """The chunk's gate cumsums of q head i_h's G value heads, [BT, GP] (columns past G zero)."""
+    o_g = tl.arange(0, GP)
+    return tl.load(g_cs + tok0 * HV + i_h * G + rows[:, None] * HV + o_g[None, :],
+                   mask=m_t[:, None] & (o_g < G)[None, :], other=0.0)
+
+
 @triton.jit(do_not_specialize=["T", "NT"])
 def aqk_kernel(q, k, g_cs, aqk, c_q, ssq_k, rstd_k, k_q, cu_seqlens, chunk_indices, T, NT,
                H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, BK: tl.constexpr, BT: tl.constexpr,
                IS_VARLEN: tl.constexpr, FUSE_Q: tl.constexpr, FUSE_K: tl.constexpr, PREC: tl.constexpr,
-               GP: tl.constexpr, K_TILE: tl.constexpr):
+               GP: tl.constexpr, K_TILE: tl.constexpr, EARLY: tl.constexpr):
     """Grid (chunks, B*H): Aqk = causal(q k^T * exp2(c_i - c_j)) of one chunk for the HV / H value heads
     that share q head i_h.  q k^T (and under FUSE_Q q's rstd) is formed once per q head; only the gates
     differ between its value heads (H200, gdn-qwen6, against one program per value head at tuned
@@ -89,7 +97,11 @@ def aqk_kernel(q, k, g_cs, aqk, c_q, ssq_k, rstd_k, k_q, cu_seqlens, chunk_indic
     whose did: gram_solve's ssq_k) redoes the chunk with q's rows normalized on load, their rstd
     overflow-safe.  Below those bounds no raw product can overflow fp32 (|q . k| <= |q| |k| < 2^100;
     fused_q's k has unit rows), so one test of the sums replaces a test of every product of the tile
-    (H200, the kernel alone at the fused entries' configs: 32K 136.9 -> 130.3 us, HV32 8K 38.2 -> 36.9)."""
+    (H200, the kernel alone at the fused entries' configs: 32K 136.9 -> 130.3 us, HV32 8K 38.2 -> 36.9).
+
+    EARLY (KernelConfig.early_gates): the G value heads' gate rows (and under K_TILE k's rstd) are loaded once,
+    before q k^T's products, and each head's column is taken from that tile; otherwise they are loaded after the
+    products, where the program waits on them (per head in the Aqk loop).  Same values either way: searched."""
     i_c, i_bh = tl.program_id(0), tl.program_id(1)
     i_b, i_h = i_bh // H, i_bh % H
     G: tl.constexpr = HV // H
@@ -98,6 +110,11 @@ def aqk_kernel(q, k, g_cs, aqk, c_q, ssq_k, rstd_k, k_q, cu_seqlens, chunk_indic
     m_t = rows < n_valid
     qb = q + tok0 * (H * K) + i_h * K
     kb = k + tok0 * (H * K) + i_h * K
+    o_g = tl.arange(0, GP)
+    if EARLY:
+        c_g = _gate_rows(g_cs, tok0, i_h, rows, m_t, HV, G, GP)
+        if K_TILE:
+            r_k = tl.load(rstd_k + (tok0 + rows) * H + i_h, mask=m_t, other=1.0)
     b_s, ssq = _qk_dots(qb, kb, rows, m_t, m_t.to(tl.float32), K, H * K, BT, BK, False, FUSE_Q, PREC)
     r = m_t.to(tl.float32)
     if FUSE_Q:
@@ -111,15 +128,15 @@ def aqk_kernel(q, k, g_cs, aqk, c_q, ssq_k, rstd_k, k_q, cu_seqlens, chunk_indic
             r = 1.0 / tl.sqrt(ssq + L2_EPS)
             b_s = b_s * r[:, None]
     if FUSE_Q:  # the G value heads' pairs are adjacent in c_q: one [BT, 2 GP] tile, G * 8 bytes per row
-        o_g = tl.arange(0, GP)
-        c_g = tl.load(g_cs + tok0 * HV + i_h * G + rows[:, None] * HV + o_g[None, :],
-                      mask=m_t[:, None] & (o_g < G)[None, :], other=0.0)
+        if not EARLY:
+            c_g = _gate_rows(g_cs, tok0, i_h, rows, m_t, HV, G, GP)
         pairs = tl.reshape(tl.join(c_g, c_g + tl.log2(r)[:, None]), [BT, 2 * GP])
         o_p = tl.arange(0, 2 * GP)
         tl.store(c_q + (tok0 * HV + i_h * G) * 2 + rows[:, None] * (HV * 2) + o_p[None, :], pairs,
                  mask=m_t[:, None] & (o_p < 2 * G)[None, :])
         if K_TILE:
-            r_k = tl.load(rstd_k + (tok0 + rows) * H + i_h, mask=m_t, other=1.0)
+            if not EARLY:
+                r_k = tl.load(rstd_k + (tok0 + rows) * H + i_h, mask=m_t, other=1.0)
             r_kg = tl.broadcast_to(r_k[:, None], [BT, GP])
             k_pairs = tl.reshape(tl.join(c_g + tl.log2(r_k)[:, None], r_kg), [BT, 2 * GP])
             tl.store(k_q + (tok0 * HV + i_h * G) * 2 + rows[:, None] * (HV * 2) + o_p[None, :], k_pairs,
@@ -127,7 +144,10 @@ def aqk_kernel(q, k, g_cs, aqk, c_q, ssq_k, rstd_k, k_q, cu_seqlens, chunk_indic
     keep = (rows[:, None] >= rows[None, :]) & m_t[:, None] & m_t[None, :]
     for j in tl.static_range(G):
         i_hv = i_h * G + j
-        c = tl.load(g_cs + tok0 * HV + i_hv + rows * HV, mask=m_t, other=0.0)
+        if EARLY:
+            c = tl.sum(tl.where(o_g[None, :] == j, c_g, 0.0), 1)
+        else:
+            c = tl.load(g_cs + tok0 * HV + i_hv + rows * HV, mask=m_t, other=0.0)
         b_a = tl.where(keep, b_s * tl.math.exp2(c[:, None] - c[None, :]), 0.0)
         tl.store(aqk + tok0 * (HV * BT) + i_hv * BT + rows[:, None] * (HV * BT) + rows[None, :],
                  b_a.to(aqk.dtype.element_ty), mask=m_t[:, None])
