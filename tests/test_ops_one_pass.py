@@ -220,17 +220,21 @@ def test_aqk_one_program_per_q_head(H, HV, fuse_q):
         assert c_q is None
 
 
+def _aqk_inputs(H, HV, seed):
+    """q, k (rows of norm ~3 sqrt(K)), g, beta of 165 packed tokens in 4 sequences (an empty one, tails), K 32."""
+    gen = torch.Generator().manual_seed(seed)
+    q = torch.randn(1, 165, H, 32, generator=gen)
+    k = torch.randn(1, 165, H, 32, generator=gen) * 3
+    g = -torch.rand(1, 165, HV, generator=gen) * 0.1
+    return q, k, g, torch.rand(1, 165, HV, generator=gen), prepare_varlen(torch.tensor([0, 70, 70, 100, 165]))
+
+
 @pytest.mark.parametrize("H,HV", [(2, 8), (2, 6)])
 def test_aqk_writes_k_rstd_pairs(H, HV):
     """Under fused_qk with gram_solve's rstd_k, aqk also writes k_q: each row's (c + log2 rstd(k), rstd(k)) per value
     head (GVA 4, and 3 in a tile of 4), for the in-loop kernel's k_rstd_tile; Aqk and c_q are as without it."""
-    gen = torch.Generator().manual_seed(5)
-    cu = torch.tensor([0, 70, 70, 100, 165])
-    q = torch.randn(1, 165, H, 32, generator=gen)
-    k = torch.randn(1, 165, H, 32, generator=gen) * 3
-    g = -torch.rand(1, 165, HV, generator=gen) * 0.1
-    beta = torch.rand(1, 165, HV, generator=gen)
-    run = dict(varlen=prepare_varlen(cu), config=forced(32, 16, torch.float32, aqk=KernelConfig(BK=16)))
+    q, k, g, beta, info = _aqk_inputs(H, HV, 5)
+    run = dict(varlen=info, config=forced(32, 16, torch.float32, aqk=KernelConfig(BK=16)))
     g_cs, _, rstd_k, ssq_k = ops.gram_solve(k, g, beta, fuse_k=True, **run)
     aqk, c_q, k_q = ops.chunk_aqk(q, k, g_cs, fuse_q=True, ssq_k=ssq_k, rstd_k=rstd_k, **run)
     aqk0, c_q0, none = ops.chunk_aqk(q, k, g_cs, fuse_q=True, ssq_k=ssq_k, **run)
@@ -249,13 +253,7 @@ def test_aqk_early_gates_is_the_same_kernel(H, HV):
     GVA 1 and 3 (in a tile of 4), varlen with tails; other kernels may not set it."""
     from gdnbench.kernels.config import validate
 
-    gen = torch.Generator().manual_seed(7)
-    cu = torch.tensor([0, 70, 70, 100, 165])
-    q = torch.randn(1, 165, H, 32, generator=gen)
-    k = torch.randn(1, 165, H, 32, generator=gen) * 3
-    g = -torch.rand(1, 165, HV, generator=gen) * 0.1
-    beta = torch.rand(1, 165, HV, generator=gen)
-    info = prepare_varlen(cu)
+    q, k, g, beta, info = _aqk_inputs(H, HV, 7)
     late = forced(32, 16, torch.float32, aqk=KernelConfig(BK=16))
     early = forced(32, 16, torch.float32, aqk=KernelConfig(BK=16, early_gates=True))
     g_cs, _, rstd_k, ssq_k = ops.gram_solve(k, g, beta, fuse_k=True, varlen=info, config=late)
