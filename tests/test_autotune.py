@@ -467,6 +467,31 @@ def test_in_loop_choice_times_the_loop_against_the_pair_it_replaces(tmp_path):
     assert tuned.in_loop_choice(_kda_shape(), "flag", ENV, tmp_path) == (None, "")
 
 
+def test_aqk_is_timed_writing_k_q_where_the_fused_qk_loop_reads_it(tmp_path):
+    """aqk's fused_qk candidates write the k_q tile when the forward they belong to would: the in-loop form chosen
+    and its loop's entry reading k's rstd from the tile."""
+    shape = _shape()
+
+    def save(kernel, t, best=None):
+        e = _entry(shape, kernel=kernel, variant=tuned.variant_of(kernel, "fused_qk"), best=best)
+        e["best"]["time_us"] = t
+        tuned.save_entry(tmp_path, e)
+
+    loop = {"k_rstd_tile": True, "early_beta": False, "BK": 64, "BV": 64, "segments": 1, "split_v": False,
+            "num_warps": 4, "num_stages": 2, "maxnreg": None}
+    save("state_out", 250.0, {"BK": 64, "BV": 64, "num_warps": 4, "num_stages": 2, "maxnreg": None})
+    save("wu", 100.0, {"BK": 64, "BV": 64, "num_warps": 4, "num_stages": 2, "maxnreg": None})
+    assert not tuned.loop_reads_k_tile(shape, "fused_qk", ENV, tmp_path)  # no loop entry: no in-loop form
+    save("fused_out", 300.0, loop)
+    assert tuned.loop_reads_k_tile(shape, "fused_qk", ENV, tmp_path)
+    assert not tuned.loop_reads_k_tile(shape, "fused_q", ENV, tmp_path)
+    assert not tuned.loop_reads_k_tile(shape, "fused_qk", None, tmp_path)
+    save("fused_out", 300.0, {**loop, "k_rstd_tile": False})
+    assert not tuned.loop_reads_k_tile(shape, "fused_qk", ENV, tmp_path)
+    save("fused_out", 400.0, loop)  # slower than the pair it replaces: not the form that runs
+    assert not tuned.loop_reads_k_tile(shape, "fused_qk", ENV, tmp_path)
+
+
 def test_gdnbench_runs_the_in_loop_form_where_it_was_timed_faster(monkeypatch):
     import dataclasses
 

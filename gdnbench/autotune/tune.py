@@ -129,7 +129,8 @@ def _tune_shape(set_path: str, shape, todo, opts: TuneOptions, dist: Dist, on_ev
     """Run the tasks ``todo`` (an iterable, consumed one search at a time) on one shape: one timing
     worker and one compile pool for all its searches."""
     spec = {"shape_set": set_path, "shape_id": shape.id, "device": opts.device, "check_tokens": opts.check_tokens,
-            "params": {"warmup": opts.warmup, "rounds": opts.rounds, "iters": opts.iters}}
+            "params": {"warmup": opts.warmup, "rounds": opts.rounds, "iters": opts.iters},
+            "cache_dir": None if opts.cache_dir is None else str(opts.cache_dir)}
     client = factory(spec)
     pool = CompilePool(spec, opts.compile_workers, factory)
     try:

@@ -259,6 +259,14 @@ def in_loop_choice(shape, route: str, env: dict | None, cache_dir: Path | None =
     return ("wu" if times["fused_out"] < pair else None), why
 
 
+def loop_reads_k_tile(shape, route: str, env: dict | None, cache_dir: Path | None = None) -> bool:
+    """Whether ``route``'s tuned forward on this machine reads k's rstd from aqk's k_q tile: fused_qk, the in-loop
+    form chosen (:func:`in_loop_choice`) and its loop's config asking for the tile (``k_rstd_tile``)."""
+    if route != "fused_qk" or in_loop_choice(shape, route, env, cache_dir)[0] != "wu":
+        return False
+    return tuned_config(shape, route, env, cache_dir)[0].fused_out.k_rstd_tile
+
+
 def kda_one_pass_choice(shape, route: str, env: dict | None, cache_dir: Path | None = None) -> tuple[bool, str]:
     """(one pass, why): True where the autotuner timed KDA's one-pass kernel (kda_state_out) below the state and
     output kernels it replaces, for this shape key and route; needs all three entries current on this machine.
