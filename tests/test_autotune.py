@@ -467,7 +467,7 @@ def test_in_loop_choice_times_the_loop_against_the_pair_it_replaces(tmp_path):
     assert tuned.in_loop_choice(_kda_shape(), "flag", ENV, tmp_path) == (None, "")
 
 
-def test_aqk_is_timed_writing_k_q_where_the_fused_qk_loop_reads_it(tmp_path):
+def test_aqk_is_timed_writing_k_q_where_the_fused_qk_loop_reads_it(tmp_path, monkeypatch):
     """aqk's fused_qk candidates write the k_q tile when the forward they belong to would: the in-loop form chosen
     and its loop's entry reading k's rstd from the tile."""
     shape = _shape()
@@ -486,6 +486,13 @@ def test_aqk_is_timed_writing_k_q_where_the_fused_qk_loop_reads_it(tmp_path):
     assert tuned.loop_reads_k_tile(shape, "fused_qk", ENV, tmp_path)
     assert not tuned.loop_reads_k_tile(shape, "fused_q", ENV, tmp_path)
     assert not tuned.loop_reads_k_tile(shape, "fused_qk", None, tmp_path)
+    # the worker asks per route: an earlier variant's search (fused_q: no tile) leaves fused_qk's answer alone
+    from gdnbench.kernels import cache_key as ck
+
+    monkeypatch.setattr(ck, "device_env", lambda: ENV)
+    worker = at_bench._Bench.__new__(at_bench._Bench)
+    worker.kda, worker.device, worker.shape, worker.cache_dir, worker._k_tile = False, "cuda", shape, str(tmp_path), {}
+    assert [worker.aqk_writes_k_tile(r) for r in ("plain", "fused_q", "fused_qk")] == [False, False, True]
     save("fused_out", 300.0, {**loop, "k_rstd_tile": False})
     assert not tuned.loop_reads_k_tile(shape, "fused_qk", ENV, tmp_path)
     save("fused_out", 400.0, loop)  # slower than the pair it replaces: not the form that runs

@@ -71,7 +71,7 @@ class _Bench:
         self._default_o: dict[str, object] = {}
         self._stage: dict[str, dict] = {}
         self.cache_dir = spec.get("cache_dir")
-        self._k_tile: bool | None = None
+        self._k_tile: dict[str, bool] = {}  # per route
 
     def aqk_writes_k_tile(self, route: str) -> bool:
         """Whether ``route``'s forward on this machine runs aqk writing the k_q tile (kernels/tuned.py,
@@ -79,14 +79,15 @@ class _Bench:
         132.9 us in a search without the store, 158.6 with it in a contract run)."""
         if self.kda or self.device != "cuda":
             return False
-        if self._k_tile is None:
+        if route not in self._k_tile:
             from pathlib import Path
 
             from ..kernels.cache_key import device_env
             from ..kernels.tuned import loop_reads_k_tile
 
-            self._k_tile = loop_reads_k_tile(self.shape, route, device_env(), self.cache_dir and Path(self.cache_dir))
-        return self._k_tile
+            where = self.cache_dir and Path(self.cache_dir)
+            self._k_tile[route] = loop_reads_k_tile(self.shape, route, device_env(), where)
+        return self._k_tile[route]
 
     def forward(self, inputs, route: str, cfg, on_launch=None):
         """The whole chunk_gdn / chunk_kda forward of a route, as the gdnbench backend runs it."""
