@@ -487,11 +487,9 @@ def test_aqk_is_timed_writing_k_q_where_the_fused_qk_loop_reads_it(tmp_path, mon
     assert not tuned.loop_reads_k_tile(shape, "fused_q", ENV, tmp_path)
     assert not tuned.loop_reads_k_tile(shape, "fused_qk", None, tmp_path)
     # the worker asks per route: an earlier variant's search (fused_q: no tile) leaves fused_qk's answer alone
-    from gdnbench.kernels import cache_key as ck
-
-    monkeypatch.setattr(ck, "device_env", lambda: ENV)
+    monkeypatch.setattr(at_bench, "device_env", lambda: ENV)
     worker = at_bench._Bench.__new__(at_bench._Bench)
-    worker.kda, worker.device, worker.shape, worker.cache_dir, worker._k_tile = False, "cuda", shape, str(tmp_path), {}
+    worker.kda, worker.device, worker.shape, worker.cache_dir, worker._k_tile = False, "cuda", shape, tmp_path, {}
     assert [worker.aqk_writes_k_tile(r) for r in ("plain", "fused_q", "fused_qk")] == [False, False, True]
     save("fused_out", 300.0, {**loop, "k_rstd_tile": False})
     assert not tuned.loop_reads_k_tile(shape, "fused_qk", ENV, tmp_path)

@@ -20,11 +20,13 @@ import statistics
 import sys
 import time
 import traceback
+from pathlib import Path
 
 from ..backends.base import one_line
 from ..bench.protocol import serve
 from ..data.shapes import GATE_REGIMES
-from ..kernels.cache_key import KERNEL_FUNCTIONS, device_identity
+from ..kernels.cache_key import KERNEL_FUNCTIONS, device_env, device_identity
+from ..kernels.tuned import loop_reads_k_tile
 from .space import dtype_bytes, full_config, Point
 
 
@@ -70,7 +72,7 @@ class _Bench:
                 self.oracle = build_oracle(check_shape, self.small, s)
         self._default_o: dict[str, object] = {}
         self._stage: dict[str, dict] = {}
-        self.cache_dir = spec.get("cache_dir")
+        self.cache_dir = Path(spec["cache_dir"]) if spec.get("cache_dir") else None
         self._k_tile: dict[str, bool] = {}  # per route
 
     def aqk_writes_k_tile(self, route: str) -> bool:
@@ -80,13 +82,7 @@ class _Bench:
         if self.kda or self.device != "cuda":
             return False
         if route not in self._k_tile:
-            from pathlib import Path
-
-            from ..kernels.cache_key import device_env
-            from ..kernels.tuned import loop_reads_k_tile
-
-            where = self.cache_dir and Path(self.cache_dir)
-            self._k_tile[route] = loop_reads_k_tile(self.shape, route, device_env(), where)
+            self._k_tile[route] = loop_reads_k_tile(self.shape, route, device_env(), self.cache_dir)
         return self._k_tile[route]
 
     def forward(self, inputs, route: str, cfg, on_launch=None):

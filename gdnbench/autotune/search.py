@@ -204,11 +204,11 @@ def seed_points(cache_dir: Path, env: dict, task: Task, shape, limit: int = MAX_
         key = CacheKey.from_dict(e.get("key", {}))
         if key.machine != want.machine or not has_winner(e):
             continue
-        this_search = key.same_search(want) and kernel == task.kernel
-        if this_search:
-            (current if key.source_hash == source_hash(kernel) else previous).append(e["best"]["config"])
+        fresh = key.source_hash == source_hash(kernel)
+        if key.same_search(want) and kernel == task.kernel:
+            (current if fresh else previous).append(e["best"]["config"])
             continue
-        if key.source_hash != source_hash(kernel) or not heads.same_heads(ShapeKey.parse(key.shape_key)):
+        if not fresh or not heads.same_heads(ShapeKey.parse(key.shape_key)):
             continue
         (same if key.shape_key == want.shape_key else other).append(e["best"]["config"])
     out: list[Point] = []
