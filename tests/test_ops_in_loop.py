@@ -100,8 +100,9 @@ def test_fused_qk_huge_rows_finite():
 
 @pytest.mark.parametrize("form,norm,seg", [("wu", "flag", 1), ("wu", "fused_q", 4), ("wu", "fused_qk", 2),
                                           ("wu_aqk", "none", 1)])
-def test_early_beta_is_the_same_loop(form, norm, seg):
-    """early_beta moves beta's load, nothing else: the same outputs bitwise, varlen, GVA 2, K != V."""
+def test_beta_load_orders_are_the_same_loop(form, norm, seg):
+    """early_beta and beta_ahead move beta's load, nothing else: the same outputs bitwise, varlen, GVA 2, K != V,
+    warm-ups and hand-overs in segments."""
     cu = torch.tensor([0, 37, 37, 101, 131], dtype=torch.int64)
     q, k, v, g, beta, s0 = make_inputs(1, 131, 2, 4, 32, 48, torch.float32, n_seqs=4, h0=True, seed=6)
     if norm == "none":
@@ -109,9 +110,10 @@ def test_early_beta_is_the_same_loop(form, norm, seg):
     loop = KernelConfig(BV=16, num_warps=2, segments=seg, split_v=seg == 4)
     new, _ = configs(32, 48, torch.float32, form, fused_out=loop)
     late = chunk_gdn(q, k, v, g, beta, initial_state=s0, output_final_state=True, cu_seqlens=cu, norm=norm, config=new)
-    early = check(norm, torch.float32, q, k, v, g, beta, s0, cu,
-                  config=dataclasses.replace(new, fused_out=dataclasses.replace(loop, early_beta=True)))
-    assert all(torch.equal(a, b) for a, b in zip(late, early))
+    for order in ({"early_beta": True}, {"beta_ahead": True}, {"beta_ahead": True, "early_beta": True}):
+        moved = check(norm, torch.float32, q, k, v, g, beta, s0, cu,
+                      config=dataclasses.replace(new, fused_out=dataclasses.replace(loop, **order)))
+        assert all(torch.equal(a, b) for a, b in zip(late, moved)), order
 
 
 @pytest.mark.parametrize("seg,dtype", [(1, torch.float32), (4, torch.float32), (2, torch.float16)])

@@ -56,7 +56,8 @@ def dimensions(kernel: str, K: int, V: int, variant: str = "plain") -> list[tupl
             "kda16_prep": [("tf32_grams", (False, True))]}.get(kernel, [])
     # fused_out's beta load order first: one compile from the start point; faster at 5 of 8 shipped entries, slower at 1
     # (kernels/fused_fwd.py)
-    first = {"fused_out": [("early_beta", (False, True))], "aqk": [("early_gates", (False, True))]}.get(kernel, [])
+    first = {"fused_out": [("early_beta", (False, True)), ("beta_ahead", (False, True))],
+             "aqk": [("early_gates", (False, True))]}.get(kernel, [])
     if kernel == "fused_out" and variant == "fused_qk":
         # where k's rstd comes from: its own vector or aqk's tile (H200, the loop alone, kernels/fused_fwd.py: the
         # tile searched 803 us at h16_hv32_fixed32k against 893; at 2 stages it cost 192 -> 346 at h16_hv48_uniform)

@@ -55,6 +55,9 @@ class KernelConfig:
     tf32_grams: bool = False
     # fused_out only: beta's rows loaded before each chunk step's first product (kernels/fused_fwd.py), not after k h
     early_beta: bool = False
+    # fused_out only, over early_beta (which it makes moot): each step loads the next chunk's beta rows and uses the
+    # ones the step before loaded, so no product of the step waits on them (kernels/fused_fwd.py)
+    beta_ahead: bool = False
     # fused_out under fused_qk only: k's rstd comes in a (c + log2 rstd, rstd) tile aqk_kernel writes, not as its own
     # [64] vector (kernels/fused_fwd.py)
     k_rstd_tile: bool = False
@@ -323,6 +326,8 @@ def _check(config: GDNConfig, K: int, V: int, dtype_bytes: int, family: str) -> 
             raise ValueError(f"config.{name}.tf32_grams=True: only kda16_prep forms tile grams")
         if name not in ("l2norm", "fused_out") and c.early_beta:
             raise ValueError(f"config.{name}.early_beta=True: only fused_out has that load order")
+        if name not in ("l2norm", "fused_out") and c.beta_ahead:
+            raise ValueError(f"config.{name}.beta_ahead=True: only fused_out has that load order")
         if name not in ("l2norm", "fused_out") and c.k_rstd_tile:
             raise ValueError(f"config.{name}.k_rstd_tile=True: only fused_out reads k's rstd in a tile")
         if name not in ("l2norm", "aqk") and c.early_gates:

@@ -103,13 +103,13 @@ def _update(b_k, b_vd, b_h, d_last, PREC: tl.constexpr):
 
 @triton.jit
 def _chunk_step(q, k, v, beta, g_cs, A, rstd_k, k_q, aqk, c_q, o, tok, n_valid, rows, o_v, m_v, i_h, i_hv,
-                b_h1, b_h2, b_h3, b_h4, scale, H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
-                BV: tl.constexpr, BT: tl.constexpr, FUSE_Q: tl.constexpr, FUSE_K: tl.constexpr,
+                b_h1, b_h2, b_h3, b_h4, scale, b_beta_in, H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr,
+                V: tl.constexpr, BV: tl.constexpr, BT: tl.constexpr, FUSE_Q: tl.constexpr, FUSE_K: tl.constexpr,
                 IN_LOOP_AQK: tl.constexpr, PREC: tl.constexpr, PIECE: tl.constexpr, OUT: tl.constexpr,
-                EARLY_BETA: tl.constexpr, K_TILE: tl.constexpr):
+                EARLY_BETA: tl.constexpr, K_TILE: tl.constexpr, BETA_AHEAD: tl.constexpr):
     """One chunk of the loop: o's rows (OUT) and the state carried past the chunk; OUT False is a warm-up
     step (the state only: no q, Aqk or o).  EARLY_BETA: beta's rows are loaded before the step's first
-    product, not after k h (module docstring)."""
+    product, not after k h; BETA_AHEAD: they are b_beta_in, loaded by the step before (module docstring)."""
     o_k1 = tl.arange(0, PIECE)
     qb = q + tok * (H * K) + i_h * K
     kb = k + tok * (H * K) + i_h * K
@@ -117,6 +117,8 @@ def _chunk_step(q, k, v, beta, g_cs, A, rstd_k, k_q, aqk, c_q, o, tok, n_valid, 
     m_t = rows < n_valid
     if EARLY_BETA:
         b_beta = tl.load(beta + tok * HV + i_hv + rows * HV, mask=m_t, other=0.0).to(tl.float32)
+    if BETA_AHEAD:
+        b_beta = b_beta_in.to(tl.float32)
     # k h, q h (and q k^T) from the state entering this chunk
     b_kh = tl.zeros([BT, BV], dtype=tl.float32)
     b_qh = tl.zeros([BT, BV], dtype=tl.float32)
@@ -142,7 +144,8 @@ def _chunk_step(q, k, v, beta, g_cs, A, rstd_k, k_q, aqk, c_q, o, tok, n_valid, 
         c_o = c
     # v_new = A x,  x = beta v - beta exp2(c) (k h)   (= u - w h)
     if not EARLY_BETA:
-        b_beta = tl.load(beta + tok * HV + i_hv + rows * HV, mask=m_t, other=0.0).to(tl.float32)
+        if not BETA_AHEAD:
+            b_beta = tl.load(beta + tok * HV + i_hv + rows * HV, mask=m_t, other=0.0).to(tl.float32)
     if K_TILE:  # f_kh = beta exp2(c + log2 r_k)
         c_k, r_k = row_pairs(k_q, tok, i_hv, rows, m_t, HV)
         f_kh = b_beta * tl.math.exp2(c_k)
@@ -245,12 +248,19 @@ def _head_waits(gl, n_chunks, per_seg, stride, THRESH: tl.constexpr, SEG: tl.con
 
 
 @triton.jit
+def _beta_rows(beta, bos, seq_len, i_t, rows, i_hv, HV: tl.constexpr, BT: tl.constexpr):
+    """beta's rows of chunk i_t in their storage dtype (none past the sequence's end)."""
+    tok = bos + i_t * BT
+    return tl.load(beta + tok * HV + i_hv + rows * HV, mask=rows < seq_len - i_t * BT, other=0.0)
+
+
+@triton.jit
 def _walk(q, k, v, beta, g_cs, A, rstd_k, k_q, aqk, c_q, o, h0, ht, sync, hand, scale, t, i_s, i_h, i_hv, i_nh, bos,
           seq_len, n_chunks, o_v, H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
           BV: tl.constexpr, NV: tl.constexpr, BT: tl.constexpr, USE_H0: tl.constexpr, STORE_HT: tl.constexpr,
           FUSE_Q: tl.constexpr, FUSE_K: tl.constexpr, IN_LOOP_AQK: tl.constexpr, PREC: tl.constexpr,
           PIECE: tl.constexpr, SEG: tl.constexpr, THRESH: tl.constexpr, EARLY_BETA: tl.constexpr,
-          K_TILE: tl.constexpr):
+          K_TILE: tl.constexpr, BETA_AHEAD: tl.constexpr):
     """One program's walk over its V slab o_v (BV wide): SEG 1 the whole sequence, else segment i_s of SEG
     (warm-up or hand-over first, module docstring)."""
     m_v = o_v < V
@@ -273,16 +283,36 @@ def _walk(q, k, v, beta, g_cs, A, rstd_k, k_q, aqk, c_q, o, h0, ht, sync, hand, 
                                                     PIECE)
         elif w0 > 0:  # warm up from an empty state
             b_h1, b_h2, b_h3, b_h4 = b_h1 * 0.0, b_h2 * 0.0, b_h3 * 0.0, b_h4 * 0.0
-        for i_t in range(loop_bound(tl.maximum(w0, 0)), loop_bound(tl.where(w0 < 0, 0, c0))):
+        if BETA_AHEAD:
+            b_nb = _beta_rows(beta, bos, seq_len, tl.maximum(w0, 0), rows, i_hv, HV, BT)
+            for i_t in range(loop_bound(tl.maximum(w0, 0)), loop_bound(tl.where(w0 < 0, 0, c0))):
+                b_cur = b_nb
+                b_nb = _beta_rows(beta, bos, seq_len, i_t + 1, rows, i_hv, HV, BT)
+                b_h1, b_h2, b_h3, b_h4 = _chunk_step(q, k, v, beta, g_cs, A, rstd_k, k_q, aqk, c_q, o, bos + i_t * BT,
+                                                     seq_len - i_t * BT, rows, o_v, m_v, i_h, i_hv, b_h1, b_h2, b_h3,
+                                                     b_h4, scale, b_cur, H, HV, K, V, BV, BT, FUSE_Q, FUSE_K,
+                                                     IN_LOOP_AQK, PREC, PIECE, False, EARLY_BETA, K_TILE, BETA_AHEAD)
+        else:
+            for i_t in range(loop_bound(tl.maximum(w0, 0)), loop_bound(tl.where(w0 < 0, 0, c0))):
+                b_h1, b_h2, b_h3, b_h4 = _chunk_step(q, k, v, beta, g_cs, A, rstd_k, k_q, aqk, c_q, o, bos + i_t * BT,
+                                                     seq_len - i_t * BT, rows, o_v, m_v, i_h, i_hv, b_h1, b_h2, b_h3,
+                                                     b_h4, scale, scale, H, HV, K, V, BV, BT, FUSE_Q, FUSE_K,
+                                                     IN_LOOP_AQK, PREC, PIECE, False, EARLY_BETA, K_TILE, BETA_AHEAD)
+    if BETA_AHEAD:
+        b_nb = _beta_rows(beta, bos, seq_len, c0, rows, i_hv, HV, BT)
+        for i_t in range(loop_bound(c0), loop_bound(c1)):
+            b_cur = b_nb
+            b_nb = _beta_rows(beta, bos, seq_len, i_t + 1, rows, i_hv, HV, BT)
             b_h1, b_h2, b_h3, b_h4 = _chunk_step(q, k, v, beta, g_cs, A, rstd_k, k_q, aqk, c_q, o, bos + i_t * BT,
                                                  seq_len - i_t * BT, rows, o_v, m_v, i_h, i_hv, b_h1, b_h2, b_h3,
-                                                 b_h4, scale, H, HV, K, V, BV, BT, FUSE_Q, FUSE_K, IN_LOOP_AQK, PREC,
-                                                 PIECE, False, EARLY_BETA, K_TILE)
-    for i_t in range(loop_bound(c0), loop_bound(c1)):
-        b_h1, b_h2, b_h3, b_h4 = _chunk_step(q, k, v, beta, g_cs, A, rstd_k, k_q, aqk, c_q, o, bos + i_t * BT,
-                                             seq_len - i_t * BT, rows, o_v, m_v, i_h, i_hv, b_h1, b_h2, b_h3, b_h4,
-                                             scale, H, HV, K, V, BV, BT, FUSE_Q, FUSE_K, IN_LOOP_AQK, PREC, PIECE,
-                                             True, EARLY_BETA, K_TILE)
+                                                 b_h4, scale, b_cur, H, HV, K, V, BV, BT, FUSE_Q, FUSE_K, IN_LOOP_AQK,
+                                                 PREC, PIECE, True, EARLY_BETA, K_TILE, BETA_AHEAD)
+    else:
+        for i_t in range(loop_bound(c0), loop_bound(c1)):
+            b_h1, b_h2, b_h3, b_h4 = _chunk_step(q, k, v, beta, g_cs, A, rstd_k, k_q, aqk, c_q, o, bos + i_t * BT,
+                                                 seq_len - i_t * BT, rows, o_v, m_v, i_h, i_hv, b_h1, b_h2, b_h3,
+                                                 b_h4, scale, scale, H, HV, K, V, BV, BT, FUSE_Q, FUSE_K, IN_LOOP_AQK,
+                                                 PREC, PIECE, True, EARLY_BETA, K_TILE, BETA_AHEAD)
     if SEG > 1:
         if c1 < n_chunks:  # hand the state over where the next segment waits for it (the same test it makes)
             if _warm_start(gl, c1, per_seg, BT * HV, THRESH, 64) < 0:
@@ -301,7 +331,7 @@ def fused_state_out_kernel(
     IS_VARLEN: tl.constexpr, USE_H0: tl.constexpr, STORE_HT: tl.constexpr, FUSE_Q: tl.constexpr,
     FUSE_K: tl.constexpr, IN_LOOP_AQK: tl.constexpr, PREC: tl.constexpr, PIECE: tl.constexpr,
     SEG: tl.constexpr, THRESH: tl.constexpr, SPLIT_V: tl.constexpr, BVS: tl.constexpr, EARLY_BETA: tl.constexpr,
-    K_TILE: tl.constexpr,
+    K_TILE: tl.constexpr, BETA_AHEAD: tl.constexpr,
 ):
     """SEG 1: grid (cdiv(V, BV), N*HV).  o like v; h0/ht [N, HV, K, V] fp32; A [B,T,HV,64] from gram_solve; aqk
     and c_q from aqk_kernel unless IN_LOOP_AQK (then unused, and FUSE_Q is not allowed); under FUSE_K rstd_k
@@ -336,12 +366,13 @@ def fused_state_out_kernel(
             if i_s * BVS < BV:
                 _walk(q, k, v, beta, g_cs, A, rstd_k, k_q, aqk, c_q, o, h0, ht, sync, hand, scale, t, i_s * 0, i_h,
                       i_hv, i_nh, bos, seq_len, n_chunks, i_v * BV + i_s * BVS + tl.arange(0, BVS), H, HV, K, V, BVS, NV,
-                      BT, USE_H0, STORE_HT, FUSE_Q, FUSE_K, IN_LOOP_AQK, PREC, PIECE, 1, THRESH, EARLY_BETA, K_TILE)
+                      BT, USE_H0, STORE_HT, FUSE_Q, FUSE_K, IN_LOOP_AQK, PREC, PIECE, 1, THRESH, EARLY_BETA,
+                      K_TILE, BETA_AHEAD)
         else:
             _walk(q, k, v, beta, g_cs, A, rstd_k, k_q, aqk, c_q, o, h0, ht, sync, hand, scale, t, i_s, i_h, i_hv,
                   i_nh, bos, seq_len, n_chunks, o_v, H, HV, K, V, BV, NV, BT, USE_H0, STORE_HT, FUSE_Q, FUSE_K,
-                  IN_LOOP_AQK, PREC, PIECE, SEG, THRESH, EARLY_BETA, K_TILE)
+                  IN_LOOP_AQK, PREC, PIECE, SEG, THRESH, EARLY_BETA, K_TILE, BETA_AHEAD)
     else:
         _walk(q, k, v, beta, g_cs, A, rstd_k, k_q, aqk, c_q, o, h0, ht, sync, hand, scale, t, i_s, i_h, i_hv, i_nh,
               bos, seq_len, n_chunks, o_v, H, HV, K, V, BV, NV, BT, USE_H0, STORE_HT, FUSE_Q, FUSE_K, IN_LOOP_AQK,
-              PREC, PIECE, SEG, THRESH, EARLY_BETA, K_TILE)
+              PREC, PIECE, SEG, THRESH, EARLY_BETA, K_TILE, BETA_AHEAD)
