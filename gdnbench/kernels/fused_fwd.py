@@ -66,7 +66,12 @@ the shipped entries, strong / long gates (us): h16_hv32_fixed8k fused_q 190.6 / 
 180.7 / 273.9 -> 160.8 / 255.6; h16_hv48_uniform fused_qk 217.9 / 217.8 -> 196.7 / 196.3; h16_hv64_fixed8k
 fused_q 267.7 / 417.6 -> 248.0 / 394.3; 32K fused_q 655.6 / 994.4 -> 640.7 / 948.8; the same at HV32 8K's
 fused_qk entry and at h4_hv8_mixed; slower at h16_hv48_uniform fused_q (212.6 / 213.5 -> 216.1 / 221.2).
-So it is searched, not fixed.
+So it is searched, not fixed.  Why fused_q lost (sm_90 SASS, Triton 3.6, H16 HV48 K = V = 128 bf16, BK 64 BV 64, 4
+warps, 2 stages): there ptxas puts beta's bf16 -> fp32 conversion, which waits on the load, between the 3rd and 4th
+wgmma of k h's first product, so each step waits out the load there; under plain and fused_qk the first use comes
+after all four k h / q h products.  BETA_AHEAD (KernelConfig.beta_ahead) takes the placement out of ptxas's hands:
+each step loads the next chunk's rows and uses the ones the step before loaded (their first use in fused_q's
+loop now comes after q h's second product, about 340 instructions after the load).
 """
 
 import triton
