@@ -5,7 +5,7 @@ from 16 up to the head size rounded up to a power of two: larger blocks are clam
 kernel to the same code), num_warps 1..16, num_stages 1..4 (1 for l2norm, which has no loop)
 and maxnreg: None (the compiler's choice) plus caps 64, 72, .., 248 (every multiple of 8 that
 ptxas accepts between 64 and 255); fused_out also its segments per sequence (1, 2, 4, 8) and
-split_v (at 4 or 8 segments) and early_beta, and under fused_qk k_rstd_tile; aqk early_gates; kda16_prep
+split_v (at 4 or 8 segments), early_beta and beta_ahead, and under fused_qk k_rstd_tile; aqk early_gates; kda16_prep
 also tf32_grams. Points that :func:`gdnbench.kernels.config.validate` (the same function the defaults pass)
 rejects - shared memory, block divisibility, register file - are pruned before anything runs. The other
 kernels keep the shape's default config.
