@@ -204,6 +204,14 @@ def test_descent_starts_from_the_fastest_seed_and_keeps_the_default_as_default()
               seeds=[{"a": 3, "b": 20}, {"a": 1, "b": 20, "z": 0}])
     assert calls3[:2] == [{"a": 0, "b": 10, "c": None}, {"a": 3, "b": 20, "c": None}]
     assert {"a": 1, "b": 20, "c": None} not in calls3[:2]
+    # the first seed (a --retune's own winner) is also tried at each other value of the dimension it predates,
+    # in the anchors' batch, before the descent's budget check
+    assert calls3[2:5] == [{"a": 3, "b": 20, "c": c} for c in (64, 128, 192)]  # c None: the seed itself
+    ev4, calls4 = _fake(lambda p: {"status": "ok", "reason": "", "time_us": _cost(p)})
+    res4 = at_search.search(_separable_space(), ev4, budget_s=0.0, exhaustive_max=10, min_gain=0.0,
+                            seeds=[{"a": 3, "b": 20}, {"a": 1, "b": 10}])
+    assert res4.stopped == "budget" and res4.best["config"] == {"a": 3, "b": 20, "c": 128}
+    assert {"a": 1, "b": 10, "c": 64} not in calls4  # later seeds are not expanded
     # from the seed, one pass finds the optimum: fewer evaluations than from the default
     ev2, calls2 = _fake(lambda p: {"status": "ok", "reason": "", "time_us": _cost(p)})
     at_search.search(_separable_space(lambda p: p["a"] < 5), ev2, budget_s=1e9, exhaustive_max=10, min_gain=0.0)
