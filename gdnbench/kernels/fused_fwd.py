@@ -107,6 +107,12 @@ def _update(b_k, b_vd, b_h, d_last, PREC: tl.constexpr):
 
 
 @triton.jit
+def _beta_rows(beta, tok, n_valid, rows, i_hv, HV: tl.constexpr):
+    """beta's rows tok + rows of value head i_hv in their storage dtype (none from n_valid on)."""
+    return tl.load(beta + tok * HV + i_hv + rows * HV, mask=rows < n_valid, other=0.0)
+
+
+@triton.jit
 def _chunk_step(q, k, v, beta, g_cs, A, rstd_k, k_q, aqk, c_q, o, tok, n_valid, rows, o_v, m_v, i_h, i_hv,
                 b_h1, b_h2, b_h3, b_h4, scale, b_beta_in, H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr,
                 V: tl.constexpr, BV: tl.constexpr, BT: tl.constexpr, FUSE_Q: tl.constexpr, FUSE_K: tl.constexpr,
@@ -121,7 +127,7 @@ def _chunk_step(q, k, v, beta, g_cs, A, rstd_k, k_q, aqk, c_q, o, tok, n_valid, 
     gb = g_cs + tok * HV + i_hv
     m_t = rows < n_valid
     if EARLY_BETA:
-        b_beta = tl.load(beta + tok * HV + i_hv + rows * HV, mask=m_t, other=0.0).to(tl.float32)
+        b_beta = _beta_rows(beta, tok, n_valid, rows, i_hv, HV).to(tl.float32)
     if BETA_AHEAD:
         b_beta = b_beta_in.to(tl.float32)
     # k h, q h (and q k^T) from the state entering this chunk
@@ -150,7 +156,7 @@ def _chunk_step(q, k, v, beta, g_cs, A, rstd_k, k_q, aqk, c_q, o, tok, n_valid, 
     # v_new = A x,  x = beta v - beta exp2(c) (k h)   (= u - w h)
     if not EARLY_BETA:
         if not BETA_AHEAD:
-            b_beta = tl.load(beta + tok * HV + i_hv + rows * HV, mask=m_t, other=0.0).to(tl.float32)
+            b_beta = _beta_rows(beta, tok, n_valid, rows, i_hv, HV).to(tl.float32)
     if K_TILE:  # f_kh = beta exp2(c + log2 r_k)
         c_k, r_k = row_pairs(k_q, tok, i_hv, rows, m_t, HV)
         f_kh = b_beta * tl.math.exp2(c_k)
@@ -253,13 +259,6 @@ def _head_waits(gl, n_chunks, per_seg, stride, THRESH: tl.constexpr, SEG: tl.con
 
 
 @triton.jit
-def _beta_rows(beta, bos, seq_len, i_t, rows, i_hv, HV: tl.constexpr, BT: tl.constexpr):
-    """beta's rows of chunk i_t in their storage dtype (none past the sequence's end)."""
-    tok = bos + i_t * BT
-    return tl.load(beta + tok * HV + i_hv + rows * HV, mask=rows < seq_len - i_t * BT, other=0.0)
-
-
-@triton.jit
 def _walk(q, k, v, beta, g_cs, A, rstd_k, k_q, aqk, c_q, o, h0, ht, sync, hand, scale, t, i_s, i_h, i_hv, i_nh, bos,
           seq_len, n_chunks, o_v, H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
           BV: tl.constexpr, NV: tl.constexpr, BT: tl.constexpr, USE_H0: tl.constexpr, STORE_HT: tl.constexpr,
@@ -289,35 +288,27 @@ def _walk(q, k, v, beta, g_cs, A, rstd_k, k_q, aqk, c_q, o, h0, ht, sync, hand, 
         elif w0 > 0:  # warm up from an empty state
             b_h1, b_h2, b_h3, b_h4 = b_h1 * 0.0, b_h2 * 0.0, b_h3 * 0.0, b_h4 * 0.0
         if BETA_AHEAD:
-            b_nb = _beta_rows(beta, bos, seq_len, tl.maximum(w0, 0), rows, i_hv, HV, BT)
-            for i_t in range(loop_bound(tl.maximum(w0, 0)), loop_bound(tl.where(w0 < 0, 0, c0))):
+            b_nb = _beta_rows(beta, bos + tl.maximum(w0, 0) * BT, seq_len - tl.maximum(w0, 0) * BT, rows, i_hv, HV)
+        for i_t in range(loop_bound(tl.maximum(w0, 0)), loop_bound(tl.where(w0 < 0, 0, c0))):
+            b_cur = scale  # read only under BETA_AHEAD
+            if BETA_AHEAD:
                 b_cur = b_nb
-                b_nb = _beta_rows(beta, bos, seq_len, i_t + 1, rows, i_hv, HV, BT)
-                b_h1, b_h2, b_h3, b_h4 = _chunk_step(q, k, v, beta, g_cs, A, rstd_k, k_q, aqk, c_q, o, bos + i_t * BT,
-                                                     seq_len - i_t * BT, rows, o_v, m_v, i_h, i_hv, b_h1, b_h2, b_h3,
-                                                     b_h4, scale, b_cur, H, HV, K, V, BV, BT, FUSE_Q, FUSE_K,
-                                                     IN_LOOP_AQK, PREC, PIECE, False, EARLY_BETA, K_TILE, BETA_AHEAD)
-        else:
-            for i_t in range(loop_bound(tl.maximum(w0, 0)), loop_bound(tl.where(w0 < 0, 0, c0))):
-                b_h1, b_h2, b_h3, b_h4 = _chunk_step(q, k, v, beta, g_cs, A, rstd_k, k_q, aqk, c_q, o, bos + i_t * BT,
-                                                     seq_len - i_t * BT, rows, o_v, m_v, i_h, i_hv, b_h1, b_h2, b_h3,
-                                                     b_h4, scale, scale, H, HV, K, V, BV, BT, FUSE_Q, FUSE_K,
-                                                     IN_LOOP_AQK, PREC, PIECE, False, EARLY_BETA, K_TILE, BETA_AHEAD)
-    if BETA_AHEAD:
-        b_nb = _beta_rows(beta, bos, seq_len, c0, rows, i_hv, HV, BT)
-        for i_t in range(loop_bound(c0), loop_bound(c1)):
-            b_cur = b_nb
-            b_nb = _beta_rows(beta, bos, seq_len, i_t + 1, rows, i_hv, HV, BT)
+                b_nb = _beta_rows(beta, bos + (i_t + 1) * BT, seq_len - (i_t + 1) * BT, rows, i_hv, HV)
             b_h1, b_h2, b_h3, b_h4 = _chunk_step(q, k, v, beta, g_cs, A, rstd_k, k_q, aqk, c_q, o, bos + i_t * BT,
                                                  seq_len - i_t * BT, rows, o_v, m_v, i_h, i_hv, b_h1, b_h2, b_h3,
                                                  b_h4, scale, b_cur, H, HV, K, V, BV, BT, FUSE_Q, FUSE_K, IN_LOOP_AQK,
-                                                 PREC, PIECE, True, EARLY_BETA, K_TILE, BETA_AHEAD)
-    else:
-        for i_t in range(loop_bound(c0), loop_bound(c1)):
-            b_h1, b_h2, b_h3, b_h4 = _chunk_step(q, k, v, beta, g_cs, A, rstd_k, k_q, aqk, c_q, o, bos + i_t * BT,
-                                                 seq_len - i_t * BT, rows, o_v, m_v, i_h, i_hv, b_h1, b_h2, b_h3,
-                                                 b_h4, scale, scale, H, HV, K, V, BV, BT, FUSE_Q, FUSE_K, IN_LOOP_AQK,
-                                                 PREC, PIECE, True, EARLY_BETA, K_TILE, BETA_AHEAD)
+                                                 PREC, PIECE, False, EARLY_BETA, K_TILE, BETA_AHEAD)
+    if BETA_AHEAD:
+        b_nb = _beta_rows(beta, bos + c0 * BT, seq_len - c0 * BT, rows, i_hv, HV)
+    for i_t in range(loop_bound(c0), loop_bound(c1)):
+        b_cur = scale  # read only under BETA_AHEAD
+        if BETA_AHEAD:
+            b_cur = b_nb
+            b_nb = _beta_rows(beta, bos + (i_t + 1) * BT, seq_len - (i_t + 1) * BT, rows, i_hv, HV)
+        b_h1, b_h2, b_h3, b_h4 = _chunk_step(q, k, v, beta, g_cs, A, rstd_k, k_q, aqk, c_q, o, bos + i_t * BT,
+                                             seq_len - i_t * BT, rows, o_v, m_v, i_h, i_hv, b_h1, b_h2, b_h3, b_h4,
+                                             scale, b_cur, H, HV, K, V, BV, BT, FUSE_Q, FUSE_K, IN_LOOP_AQK, PREC,
+                                             PIECE, True, EARLY_BETA, K_TILE, BETA_AHEAD)
     if SEG > 1:
         if c1 < n_chunks:  # hand the state over where the next segment waits for it (the same test it makes)
             if _warm_start(gl, c1, per_seg, BT * HV, THRESH, 64) < 0:
