@@ -81,18 +81,21 @@ class _Run:
         return self.seen.get(point_key(p))
 
 
+def _as_point(space: Space, p: Point) -> Point | None:
+    """A seed as a full point in dimension order (a seed from before a dimension was added takes the default's
+    value for it); None where it names a dimension the space lacks or is not valid."""
+    if not set(p) <= set(space.start):
+        return None
+    p = {**space.start, **p}
+    return {name: p[name] for name, _ in space.dims} if space.is_valid(p) else None
+
+
 def _anchors(space: Space, seeds: list[Point]) -> list[Point]:
-    """The default, then each distinct valid seed as a full point (a seed from before a dimension was added
-    takes the default's value for it; one naming a dimension the space lacks is dropped)."""
+    """The default, then each distinct valid seed as a full point."""
     out = [dict(space.start)]
-    for p in seeds:
-        if not set(p) <= set(space.start):
-            continue
-        p = {**space.start, **p}
-        if space.is_valid(p):
-            p = {name: p[name] for name, _ in space.dims}
-            if p not in out:
-                out.append(p)
+    for p in (_as_point(space, s) for s in seeds):
+        if p is not None and p not in out:
+            out.append(p)
     return out
 
 
@@ -101,14 +104,11 @@ def _new_dimensions(space: Space, seeds: list[Point], have: list[Point]) -> list
     valid and not in ``have``.  A descent times its anchors before its first step, and on the H200 a 15 s
     --retune of fused_out (fused_q, h16_hv48_uniform) spent its budget on its ten anchors, never reaching
     beta_ahead, which took that loop from 213.5 to 188.3 us."""
-    if not seeds or not set(seeds[0]) <= set(space.start):
-        return []
     out = []
-    for name, values in space.dims:
+    for name, values in space.dims if seeds else ():
         for v in values if name not in seeds[0] else ():
-            q = {**space.start, **seeds[0], name: v}
-            q = {d: q[d] for d, _ in space.dims}
-            if space.is_valid(q) and q not in have and q not in out:
+            q = _as_point(space, {**seeds[0], name: v})
+            if q is not None and q not in have and q not in out:
                 out.append(q)
     return out
 
