@@ -71,7 +71,7 @@ warps, 2 stages): there ptxas puts beta's bf16 -> fp32 conversion, which waits o
 wgmma of k h's first product, so each step waits out the load there; under plain and fused_qk the first use comes
 after all four k h / q h products.  BETA_AHEAD (KernelConfig.beta_ahead) takes the placement out of ptxas's hands:
 each step loads the next chunk's rows and uses the ones the step before loaded (their first use in fused_q's
-loop now comes after q h's second product, about 340 instructions after the load).
+loop now comes after q h's second product, 350 and 620 instructions after the two loads).
 """
 
 import triton
