@@ -56,8 +56,7 @@ class KernelConfig:
     # fused_out only: beta's rows loaded before each chunk step's first product (kernels/fused_fwd.py), not after k h
     early_beta: bool = False
     # fused_out only, over early_beta (which it makes moot): each step loads the next chunk's beta rows and uses the
-    # ones the step before loaded (under fused_qk without k_rstd_tile k's rstd rows too), so no product of the step
-    # waits on them (kernels/fused_fwd.py)
+    # ones the step before loaded, so no product of the step waits on them (kernels/fused_fwd.py)
     beta_ahead: bool = False
     # fused_out under fused_qk only: k's rstd comes in a (c + log2 rstd, rstd) tile aqk_kernel writes, not as its own
     # [64] vector (kernels/fused_fwd.py)

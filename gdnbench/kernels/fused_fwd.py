@@ -71,8 +71,7 @@ warps, 2 stages): there ptxas puts beta's bf16 -> fp32 conversion, which waits o
 wgmma of k h's first product, so each step waits out the load there; under plain and fused_qk the first use comes
 after all four k h / q h products.  BETA_AHEAD (KernelConfig.beta_ahead) takes the placement out of ptxas's hands:
 each step loads the next chunk's rows and uses the ones the step before loaded (their first use in fused_q's
-loop now comes after q h's second product, 350 and 620 instructions after the two loads).  Under fused_qk's vector
-form k's rstd rows are loaded where late beta's are and first used with them, so they come a step ahead too.
+loop now comes after q h's second product, 350 and 620 instructions after the two loads).
 """
 
 import triton
@@ -114,22 +113,14 @@ def _beta_rows(beta, tok, n_valid, rows, i_hv, HV: tl.constexpr):
 
 
 @triton.jit
-def _rstd_k_rows(rstd_k, tok, n_valid, rows, i_h, H: tl.constexpr):
-    """k's rstd at rows tok + rows of q/k head i_h (fused_qk's vector form; none from n_valid on)."""
-    return tl.load(rstd_k + tok * H + i_h + rows * H, mask=rows < n_valid, other=0.0)
-
-
-@triton.jit
 def _chunk_step(q, k, v, beta, g_cs, A, rstd_k, k_q, aqk, c_q, o, tok, n_valid, rows, o_v, m_v, i_h, i_hv,
-                b_h1, b_h2, b_h3, b_h4, scale, b_beta_in, r_k_in, H: tl.constexpr, HV: tl.constexpr,
-                K: tl.constexpr, V: tl.constexpr, BV: tl.constexpr, BT: tl.constexpr, FUSE_Q: tl.constexpr,
-                FUSE_K: tl.constexpr,
+                b_h1, b_h2, b_h3, b_h4, scale, b_beta_in, H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr,
+                V: tl.constexpr, BV: tl.constexpr, BT: tl.constexpr, FUSE_Q: tl.constexpr, FUSE_K: tl.constexpr,
                 IN_LOOP_AQK: tl.constexpr, PREC: tl.constexpr, PIECE: tl.constexpr, OUT: tl.constexpr,
                 EARLY_BETA: tl.constexpr, K_TILE: tl.constexpr, BETA_AHEAD: tl.constexpr):
     """One chunk of the loop: o's rows (OUT) and the state carried past the chunk; OUT False is a warm-up
     step (the state only: no q, Aqk or o).  EARLY_BETA: beta's rows are loaded before the step's first
-    product, not after k h; BETA_AHEAD: they are b_beta_in, and under FUSE_K without K_TILE k's rstd rows r_k_in,
-    loaded by the step before (module docstring)."""
+    product, not after k h; BETA_AHEAD: they are b_beta_in, loaded by the step before (module docstring)."""
     o_k1 = tl.arange(0, PIECE)
     qb = q + tok * (H * K) + i_h * K
     kb = k + tok * (H * K) + i_h * K
@@ -172,10 +163,7 @@ def _chunk_step(q, k, v, beta, g_cs, A, rstd_k, k_q, aqk, c_q, o, tok, n_valid, 
     else:
         f_kh = b_beta * tl.math.exp2(c)
         if FUSE_K:
-            if BETA_AHEAD:
-                r_k = r_k_in
-            else:
-                r_k = _rstd_k_rows(rstd_k, tok, n_valid, rows, i_h, H)
+            r_k = tl.load(rstd_k + tok * H + i_h + rows * H, mask=m_t, other=0.0)
             f_kh = f_kh * r_k
     m_tv = m_t[:, None] & m_v[None, :]
     p_v = rows[:, None] * (HV * V) + o_v[None, :]
@@ -210,16 +198,6 @@ def _chunk_step(q, k, v, beta, g_cs, A, rstd_k, k_q, aqk, c_q, o, tok, n_valid, 
     if K > 3 * PIECE:
         b_h4 = _update(b_k4, b_vd, b_h4, d_last, PREC)
     return b_h1, b_h2, b_h3, b_h4
-
-
-@triton.jit
-def _ahead_rows(beta, rstd_k, tok, n_valid, rows, i_h, i_hv, H: tl.constexpr, HV: tl.constexpr, RSTD: tl.constexpr):
-    """What BETA_AHEAD loads a step ahead: beta's rows and (RSTD) k's rstd rows, else scale's stand-in 0."""
-    b_beta = _beta_rows(beta, tok, n_valid, rows, i_hv, HV)
-    r_k = rows.to(tl.float32) * 0.0
-    if RSTD:
-        r_k = _rstd_k_rows(rstd_k, tok, n_valid, rows, i_h, H)
-    return b_beta, r_k
 
 
 @triton.jit
@@ -290,7 +268,6 @@ def _walk(q, k, v, beta, g_cs, A, rstd_k, k_q, aqk, c_q, o, h0, ht, sync, hand, 
     """One program's walk over its V slab o_v (BV wide): SEG 1 the whole sequence, else segment i_s of SEG
     (warm-up or hand-over first, module docstring)."""
     m_v = o_v < V
-    RK: tl.constexpr = FUSE_K and not K_TILE  # k's rstd rows come a step ahead with beta's
     b_h1, b_h2, b_h3, b_h4 = _initial_pieces(h0, i_nh, o_v, K, V, BV, PIECE, USE_H0)
     rows = tl.arange(0, BT)
     c0 = n_chunks * 0
@@ -311,34 +288,27 @@ def _walk(q, k, v, beta, g_cs, A, rstd_k, k_q, aqk, c_q, o, h0, ht, sync, hand, 
         elif w0 > 0:  # warm up from an empty state
             b_h1, b_h2, b_h3, b_h4 = b_h1 * 0.0, b_h2 * 0.0, b_h3 * 0.0, b_h4 * 0.0
         if BETA_AHEAD:
-            b_nb, r_nb = _ahead_rows(beta, rstd_k, bos + tl.maximum(w0, 0) * BT, seq_len - tl.maximum(w0, 0) * BT,
-                                     rows, i_h, i_hv, H, HV, RK)
+            b_nb = _beta_rows(beta, bos + tl.maximum(w0, 0) * BT, seq_len - tl.maximum(w0, 0) * BT, rows, i_hv, HV)
         for i_t in range(loop_bound(tl.maximum(w0, 0)), loop_bound(tl.where(w0 < 0, 0, c0))):
             b_cur = scale  # read only under BETA_AHEAD
-            r_cur = scale
             if BETA_AHEAD:
-                b_cur, r_cur = b_nb, r_nb
-                b_nb, r_nb = _ahead_rows(beta, rstd_k, bos + (i_t + 1) * BT, seq_len - (i_t + 1) * BT, rows, i_h,
-                                         i_hv, H, HV, RK)
+                b_cur = b_nb
+                b_nb = _beta_rows(beta, bos + (i_t + 1) * BT, seq_len - (i_t + 1) * BT, rows, i_hv, HV)
             b_h1, b_h2, b_h3, b_h4 = _chunk_step(q, k, v, beta, g_cs, A, rstd_k, k_q, aqk, c_q, o, bos + i_t * BT,
                                                  seq_len - i_t * BT, rows, o_v, m_v, i_h, i_hv, b_h1, b_h2, b_h3,
-                                                 b_h4, scale, b_cur, r_cur, H, HV, K, V, BV, BT, FUSE_Q, FUSE_K,
-                                                 IN_LOOP_AQK,
+                                                 b_h4, scale, b_cur, H, HV, K, V, BV, BT, FUSE_Q, FUSE_K, IN_LOOP_AQK,
                                                  PREC, PIECE, False, EARLY_BETA, K_TILE, BETA_AHEAD)
     if BETA_AHEAD:
-        b_nb, r_nb = _ahead_rows(beta, rstd_k, bos + c0 * BT, seq_len - c0 * BT, rows, i_h, i_hv, H, HV,
-                                 RK)
+        b_nb = _beta_rows(beta, bos + c0 * BT, seq_len - c0 * BT, rows, i_hv, HV)
     for i_t in range(loop_bound(c0), loop_bound(c1)):
         b_cur = scale  # read only under BETA_AHEAD
-        r_cur = scale
         if BETA_AHEAD:
-            b_cur, r_cur = b_nb, r_nb
-            b_nb, r_nb = _ahead_rows(beta, rstd_k, bos + (i_t + 1) * BT, seq_len - (i_t + 1) * BT, rows, i_h, i_hv,
-                                     H, HV, RK)
+            b_cur = b_nb
+            b_nb = _beta_rows(beta, bos + (i_t + 1) * BT, seq_len - (i_t + 1) * BT, rows, i_hv, HV)
         b_h1, b_h2, b_h3, b_h4 = _chunk_step(q, k, v, beta, g_cs, A, rstd_k, k_q, aqk, c_q, o, bos + i_t * BT,
                                              seq_len - i_t * BT, rows, o_v, m_v, i_h, i_hv, b_h1, b_h2, b_h3, b_h4,
-                                             scale, b_cur, r_cur, H, HV, K, V, BV, BT, FUSE_Q, FUSE_K, IN_LOOP_AQK,
-                                             PREC, PIECE, True, EARLY_BETA, K_TILE, BETA_AHEAD)
+                                             scale, b_cur, H, HV, K, V, BV, BT, FUSE_Q, FUSE_K, IN_LOOP_AQK, PREC,
+                                             PIECE, True, EARLY_BETA, K_TILE, BETA_AHEAD)
     if SEG > 1:
         if c1 < n_chunks:  # hand the state over where the next segment waits for it (the same test it makes)
             if _warm_start(gl, c1, per_seg, BT * HV, THRESH, 64) < 0:
