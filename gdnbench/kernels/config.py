@@ -277,6 +277,14 @@ def validate(config: GDNConfig, K: int, V: int, dtype_bytes: int = 2, family: st
         _check(config, K, V, dtype_bytes, family)
 
 
+# KernelConfig flags that one kernel's code reads: flag -> (that kernel, what it does)
+_ONE_KERNEL_FLAGS = {"tf32_grams": ("kda16_prep", "forms tile grams"),
+                     "early_beta": ("fused_out", "has that load order"),
+                     "beta_ahead": ("fused_out", "has that load order"),
+                     "k_rstd_tile": ("fused_out", "reads k's rstd in a tile"),
+                     "early_gates": ("aqk", "has that load order")}
+
+
 def _check(config: GDNConfig, K: int, V: int, dtype_bytes: int, family: str) -> None:
     if family not in FAMILIES:
         raise ValueError(f"family must be 'gdn' or 'kda', got {family!r}")
@@ -322,16 +330,9 @@ def _check(config: GDNConfig, K: int, V: int, dtype_bytes: int, family: str) -> 
         if name != "l2norm" and c.split_v and (name != "fused_out" or c.segments < 4):
             # in two segments none waits (the second one's warm-up reaches back to the sequence start)
             raise ValueError(f"config.{name}.split_v=True: only fused_out in 4 or 8 segments splits V")
-        if name not in ("l2norm", "kda16_prep") and c.tf32_grams:
-            raise ValueError(f"config.{name}.tf32_grams=True: only kda16_prep forms tile grams")
-        if name not in ("l2norm", "fused_out") and c.early_beta:
-            raise ValueError(f"config.{name}.early_beta=True: only fused_out has that load order")
-        if name not in ("l2norm", "fused_out") and c.beta_ahead:
-            raise ValueError(f"config.{name}.beta_ahead=True: only fused_out has that load order")
-        if name not in ("l2norm", "fused_out") and c.k_rstd_tile:
-            raise ValueError(f"config.{name}.k_rstd_tile=True: only fused_out reads k's rstd in a tile")
-        if name not in ("l2norm", "aqk") and c.early_gates:
-            raise ValueError(f"config.{name}.early_gates=True: only aqk has that load order")
+        for field, (owner, what) in _ONE_KERNEL_FLAGS.items():
+            if name not in ("l2norm", owner) and getattr(c, field):
+                raise ValueError(f"config.{name}.{field}=True: only {owner} {what}")
         if name == "l2norm" and (c.BR < 1 or c.BR & (c.BR - 1)):
             raise ValueError(f"config.l2norm.BR={c.BR} must be a power of two")
         if c.num_warps not in _WARPS:
