@@ -104,10 +104,14 @@ def _new_dimensions(space: Space, seeds: list[Point], have: list[Point]) -> list
     valid and not in ``have``.  A descent times its anchors before its first step, and on the H200 a 15 s
     --retune of fused_out (fused_q, h16_hv48_uniform) spent its budget on its ten anchors, never reaching
     beta_ahead, which took that loop from 213.5 to 188.3 us."""
-    out = []
-    for name, values in space.dims if seeds else ():
-        for v in values if name not in seeds[0] else ():
-            q = _as_point(space, {**seeds[0], name: v})
+    if not seeds:
+        return []
+    first, out = seeds[0], []
+    for name, values in space.dims:
+        if name in first:
+            continue
+        for v in values:
+            q = _as_point(space, {**first, name: v})
             if q is not None and q not in have and q not in out:
                 out.append(q)
     return out
