@@ -147,7 +147,7 @@ def test_gram_shared_across_value_heads(norm, dtype, monkeypatch):
     per_head = ops.gram_solve(k, g, beta, varlen=varlen, fuse_k=norm == "fused_qk")
     monkeypatch.setattr(ops, "GRAM_SHARE_MIN_PROGRAMS", 1)
     shared = ops.gram_solve(k, g, beta, varlen=varlen, fuse_k=norm == "fused_qk")
-    for a, b in zip(per_head, shared):  # g_cs, A and (fused_qk) the normalized k
+    for a, b in zip(per_head, shared):
         assert (a is None and b is None) or torch.equal(a, b)
     check(norm, dtype, q, k, v, g, beta, s0, cu)
 

@@ -133,11 +133,8 @@ class _Bench:
         aqk = None
         if self.kda:
             g_cs, A, aqk, rk = ops.kda_intra(q, k, x.g, x.beta, varlen=info, fuse_k=fuse_k, raw_q=fuse_q, config=cfg)
-            gram_k = None
-        else:  # under fused_qk gram_solve takes raw k and gives the normalized k every later stage reads
-            gram_k, rk, ssq = k, None, None
-            g_cs, A, k_n = ops.gram_solve(k, x.g, x.beta, varlen=info, fuse_k=fuse_k, config=cfg)
-            k = k_n if fuse_k else k
+        else:
+            g_cs, A, rk, ssq = ops.gram_solve(k, x.g, x.beta, varlen=info, fuse_k=fuse_k, config=cfg)
         w, u, kg = ops.recompute_wu(k, x.v, x.beta, A, g_cs, rstd_k=rk, varlen=info, config=cfg)
         # the operands of the state and output kernels that differ by family
         state_k = kg if self.kda else k
@@ -148,7 +145,7 @@ class _Bench:
         a1, cq, kq = (None, None, None) if self.kda else ops.chunk_aqk(q, k, g_cs, fuse_q=fuse_q, ssq_k=ssq,
                                                                        rstd_k=rk, varlen=info, config=cfg)
         self._stage[route, gates] = dict(q=q, k=k, g_cs=g_cs, A=A, aqk=aqk, rk=rk, w=w, u=u, h0=h0, h=h, vn=vn,
-                                         info=info, fuse_k=fuse_k, fuse_q=fuse_q, state_k=state_k, gram_k=gram_k,
+                                         info=info, fuse_k=fuse_k, fuse_q=fuse_q, state_k=state_k,
                                          out_k=out_k, out_rk=out_rk, out_ssq=out_ssq, a1=a1, cq=cq, kq=kq)
         return self._stage[route, gates]
 
@@ -167,7 +164,7 @@ class _Bench:
         if kernel == "l2norm":
             return lambda: ops.l2norm(x.k, cfg.l2norm, on_launch)
         if kernel == "gram":
-            return lambda: ops.gram_solve(st["gram_k"], x.g, x.beta, fuse_k=st["fuse_k"], **run)
+            return lambda: ops.gram_solve(st["k"], x.g, x.beta, fuse_k=st["fuse_k"], **run)
         if kernel == "kda_intra":
             return lambda: ops.kda_intra(st["q"], st["k"], x.g, x.beta, fuse_k=st["fuse_k"], raw_q=st["fuse_q"],
                                          **run)

@@ -34,11 +34,6 @@ def _load_rows(base, rows, m_t, o_k, K: tl.constexpr, stride):
 
 
 @triton.jit
-def _store_rows(base, rows, m_t, o_k, x, K: tl.constexpr, stride):
-    tl.store(base + rows[:, None] * stride + o_k[None, :], x, mask=m_t[:, None] & (o_k < K)[None, :])
-
-
-@triton.jit
 def _normalized(x, r, NORMALIZE: tl.constexpr):
     if NORMALIZE:
         x = (x.to(tl.float32) * r[:, None]).to(x.dtype)
@@ -46,11 +41,11 @@ def _normalized(x, r, NORMALIZE: tl.constexpr):
 
 
 @triton.jit
-def _gram_blocks(kb, knb, write, r0, r1, r2, r3, m0, m1, m2, m3, n0, n1, n2, n3, stride,
+def _gram_blocks(kb, r0, r1, r2, r3, m0, m1, m2, m3, n0, n1, n2, n3, stride,
                  K: tl.constexpr, BK: tl.constexpr, BC: tl.constexpr, NORMALIZE: tl.constexpr,
                  PREC: tl.constexpr):
     """Lower blocks G_ij = K_i K_j^T (i >= j) of one chunk's gram; NORMALIZE: rows multiplied
-    by their rstd n_i on load, and where ``write`` stored so to knb (same layout as kb)."""
+    by their rstd n_i on load."""
     g00 = tl.zeros([BC, BC], dtype=tl.float32)
     g10 = tl.zeros([BC, BC], dtype=tl.float32)
     g11 = tl.zeros([BC, BC], dtype=tl.float32)
@@ -67,12 +62,6 @@ def _gram_blocks(kb, knb, write, r0, r1, r2, r3, m0, m1, m2, m3, n0, n1, n2, n3,
         k1 = _normalized(_load_rows(kb, r1, m1, o_k, K, stride), n1, NORMALIZE)
         k2 = _normalized(_load_rows(kb, r2, m2, o_k, K, stride), n2, NORMALIZE)
         k3 = _normalized(_load_rows(kb, r3, m3, o_k, K, stride), n3, NORMALIZE)
-        if NORMALIZE:
-            if write:
-                _store_rows(knb, r0, m0, o_k, k0, K, stride)
-                _store_rows(knb, r1, m1, o_k, k1, K, stride)
-                _store_rows(knb, r2, m2, o_k, k2, K, stride)
-                _store_rows(knb, r3, m3, o_k, k3, K, stride)
         g00 = tl.dot(k0, tl.trans(k0), g00, input_precision=PREC)
         g10 = tl.dot(k1, tl.trans(k0), g10, input_precision=PREC)
         g11 = tl.dot(k1, tl.trans(k1), g11, input_precision=PREC)
@@ -84,6 +73,13 @@ def _gram_blocks(kb, knb, write, r0, r1, r2, r3, m0, m1, m2, m3, n0, n1, n2, n3,
         g32 = tl.dot(k3, tl.trans(k2), g32, input_precision=PREC)
         g33 = tl.dot(k3, tl.trans(k3), g33, input_precision=PREC)
     return g00, g10, g11, g20, g21, g22, g30, g31, g32, g33
+
+
+@triton.jit
+def _rows_rstd(kb, rows, m_t, K: tl.constexpr, stride, BK: tl.constexpr):
+    """Overflow-safe rstd of the rows of k from both sums of squares, read from k."""
+    ssq, lo = row_sq_sums(kb, rows, m_t, K, stride, BK, True, True)
+    return l2_rstd(ssq, lo)
 
 
 @triton.jit
@@ -130,6 +126,22 @@ def _unit_lower_inverse_doubling(L, o, PREC: tl.constexpr):
 @triton.jit
 def _store_block(base, rows, m_t, col0, blk, stride, o):
     tl.store(base + rows[:, None] * stride + (col0 + o)[None, :], blk.to(base.dtype.element_ty), mask=m_t[:, None])
+
+
+@triton.jit
+def _scale_blocks(g00, g10, g11, g20, g21, g22, g30, g31, g32, g33, a0, a1, a2, a3, n0, n1, n2, n3):
+    """diag(a) G diag(n) on the lower blocks (a = n: the gram of rows scaled by n)."""
+    g00 = g00 * a0[:, None] * n0[None, :]
+    g10 = g10 * a1[:, None] * n0[None, :]
+    g11 = g11 * a1[:, None] * n1[None, :]
+    g20 = g20 * a2[:, None] * n0[None, :]
+    g21 = g21 * a2[:, None] * n1[None, :]
+    g22 = g22 * a2[:, None] * n2[None, :]
+    g30 = g30 * a3[:, None] * n0[None, :]
+    g31 = g31 * a3[:, None] * n1[None, :]
+    g32 = g32 * a3[:, None] * n2[None, :]
+    g33 = g33 * a3[:, None] * n3[None, :]
+    return g00, g10, g11, g20, g21, g22, g30, g31, g32, g33
 
 
 @triton.jit
@@ -181,32 +193,58 @@ def _store_lower(ab, r0, r1, r2, r3, m0, m1, m2, m3, x00, x10, x11, x20, x21, x2
 
 
 @triton.jit
-def _gram_solve(k, k_n, g, beta, g_cs, A, tok0, n_valid, i_h, hv0,
+def _gram_solve(k, g, beta, g_cs, A, rstd_k, ssq_k, tok0, n_valid, i_g, i_h, hv0,
                 H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, BK: tl.constexpr,
-                BT: tl.constexpr, BC: tl.constexpr, FUSE_K: tl.constexpr, PREC: tl.constexpr,
+                BT: tl.constexpr, BC: tl.constexpr, FUSE_K: tl.constexpr, RARE: tl.constexpr, PREC: tl.constexpr,
                 N_HV: tl.constexpr):
-    """One chunk of key head i_h: the gram once, then gate, solve and store for value heads hv0 .. hv0 + N_HV.
-    FUSE_K: k is raw; its rows' rstd (overflow-safe) from a first read of the chunk's rows, then the gram of
-    the rows normalized on load, which the value head hv0 % (HV / H) == 0 also stores to k_n."""
+    """One chunk of key head i_h: the gram once, then gate, solve and store for value heads hv0 .. hv0 + N_HV."""
     o = tl.arange(0, BC)  # rows of sub-block j are j*BC + o within the chunk
     r0 = o
     r1 = o + BC
     r2 = o + 2 * BC
     r3 = o + 3 * BC
     m0, m1, m2, m3 = r0 < n_valid, r1 < n_valid, r2 < n_valid, r3 < n_valid
+
+    # ---- gram K K^T; with FUSE_K, k's rstd from its diagonal blocks (the rows' sums of squares,
+    # free), applied to the gram's rows and columns and written here, where k is first read
     kb = k + tok0 * (H * K) + i_h * K
-    n0 = tl.full([BC], 1.0, dtype=tl.float32)
-    n1, n2, n3 = n0, n0, n0
-    knb = kb
+    if RARE:
+        # the fix-up pass, for a chunk whose largest sum of squares reached SSQ_BIG (the raw gram may
+        # have overflowed): overflow-safe rstd read from k, and the gram of rows normalized on load
+        n0 = _rows_rstd(kb, r0, m0, K, H * K, BK)
+        n1 = _rows_rstd(kb, r1, m1, K, H * K, BK)
+        n2 = _rows_rstd(kb, r2, m2, K, H * K, BK)
+        n3 = _rows_rstd(kb, r3, m3, K, H * K, BK)
+        g00, g10, g11, g20, g21, g22, g30, g31, g32, g33 = _gram_blocks(
+            kb, r0, r1, r2, r3, m0, m1, m2, m3, n0, n1, n2, n3, H * K, K, BK, BC, True, PREC)
+    else:
+        one = tl.full([BC], 1.0, dtype=tl.float32)
+        g00, g10, g11, g20, g21, g22, g30, g31, g32, g33 = _gram_blocks(
+            kb, r0, r1, r2, r3, m0, m1, m2, m3, one, one, one, one, H * K, K, BK, BC, False, PREC)
+        if FUSE_K:
+            if PREC == "tf32x3":
+                s0, s1 = _rows_ssq(kb, r0, m0, K, H * K, BK), _rows_ssq(kb, r1, m1, K, H * K, BK)
+                s2, s3 = _rows_ssq(kb, r2, m2, K, H * K, BK), _rows_ssq(kb, r3, m3, K, H * K, BK)
+            else:
+                s0, s1 = diag_ssq(g00, o, PREC), diag_ssq(g11, o, PREC)
+                s2, s3 = diag_ssq(g22, o, PREC), diag_ssq(g33, o, PREC)
+            n0 = 1.0 / tl.sqrt(s0 + L2_EPS)
+            n1 = 1.0 / tl.sqrt(s1 + L2_EPS)
+            n2 = 1.0 / tl.sqrt(s2 + L2_EPS)
+            n3 = 1.0 / tl.sqrt(s3 + L2_EPS)
+            g00, g10, g11, g20, g21, g22, g30, g31, g32, g33 = _scale_blocks(
+                g00, g10, g11, g20, g21, g22, g30, g31, g32, g33, n0, n1, n2, n3, n0, n1, n2, n3)
     if FUSE_K:
-        knb = k_n + tok0 * (H * K) + i_h * K
-        n0 = row_rstd(kb, r0, m0, _rows_ssq(kb, r0, m0, K, H * K, BK), K, H * K, BK)
-        n1 = row_rstd(kb, r1, m1, _rows_ssq(kb, r1, m1, K, H * K, BK), K, H * K, BK)
-        n2 = row_rstd(kb, r2, m2, _rows_ssq(kb, r2, m2, K, H * K, BK), K, H * K, BK)
-        n3 = row_rstd(kb, r3, m3, _rows_ssq(kb, r3, m3, K, H * K, BK), K, H * K, BK)
-    g00, g10, g11, g20, g21, g22, g30, g31, g32, g33 = _gram_blocks(
-        kb, knb, hv0 % (HV // H) == 0, r0, r1, r2, r3, m0, m1, m2, m3, n0, n1, n2, n3,
-        H * K, K, BK, BC, FUSE_K, PREC)
+        if hv0 % (HV // H) == 0:  # one writer per key head
+            rb = rstd_k + tok0 * H + i_h
+            tl.store(rb + r0 * H, n0, mask=m0)
+            tl.store(rb + r1 * H, n1, mask=m1)
+            tl.store(rb + r2 * H, n2, mask=m2)
+            tl.store(rb + r3 * H, n3, mask=m3)
+            if not RARE:
+                sm = tl.maximum(tl.maximum(tl.max(s0, 0), tl.max(s1, 0)), tl.maximum(tl.max(s2, 0), tl.max(s3, 0)))
+                tl.store(ssq_k + i_g * H + i_h, sm)
+
     for r in range(N_HV):
         _gate_solve_store(g, beta, g_cs, A, tok0, hv0 + r, g00, g10, g11, g20, g21, g22, g30, g31, g32, g33,
                           r0, r1, r2, r3, m0, m1, m2, m3, o, HV, BT, BC, PREC)
@@ -257,31 +295,50 @@ def _gate_solve_store(g, beta, g_cs, A, tok0, i_hv, g00, g10, g11, g20, g21, g22
                  x00, x10, x11, x20, x21, x22, x30, x31, x32, x33, HV * BT, o, BC)
 
 
-@triton.jit(do_not_specialize=["T", "NT"])
+@triton.jit(do_not_specialize=["T", "NT", "n_flags"])
 def gram_solve_kernel(
-    k, k_n, g, beta, g_cs, A, cu_seqlens, chunk_indices, T, NT,
+    k, g, beta, g_cs, A, rstd_k, ssq_k, cu_seqlens, chunk_indices, T, NT, n_flags,
     H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, BK: tl.constexpr,
     BT: tl.constexpr, BC: tl.constexpr,
-    IS_VARLEN: tl.constexpr, FUSE_K: tl.constexpr, PREC: tl.constexpr, SHARE: tl.constexpr,
+    IS_VARLEN: tl.constexpr, FUSE_K: tl.constexpr, FIXUP: tl.constexpr, PREC: tl.constexpr,
+    SHARE: tl.constexpr,
 ):
     """Grid (chunks, B*HV), or (chunks, B*H) with SHARE (one program per key head computes the gram
     once for its HV / H value heads).  Writes g_cs (chunk-local cumsum of g, times log2 e), A = (I + L)^-1,
-    and, with FUSE_K (k raw), k_n = k / ||k_row|| in k's dtype: the norm is taken where k is first read, and
-    every later stage reads k_n as it reads the explicit route's normalized k.
+    and, with FUSE_K, rstd_k = 1/||k_row|| and ssq_k, the largest sum of squares of each chunk's
+    k rows ([chunks, H], n_flags entries), both computed here where k is first read.
 
-    The normalized operand, not k's rstd, is what leaves this kernel: H200, gdn-qwen6, strong gates, the
-    rstd form (raw k in every later kernel, its rstd on w h, v_new and Aqk's rows, a fix-up launch for rows
-    whose raw gram could overflow) cost fused_qk 1.071 times its zero-cost floor; see docs/design.md."""
-    i_c, i_bh = tl.program_id(0), tl.program_id(1)
-    if SHARE:
-        i_b, i_h = i_bh // H, i_bh % H
-        hv0 = i_h * (HV // H)
+    FUSE_K's rare case is a second launch (FIXUP, grid cdiv(n_flags, FLAG_BLOCK)) that redoes,
+    overflow-safe, only the chunks whose ssq_k reached SSQ_BIG (rows of |x| ~ 1e15 and up).  Each of
+    its few programs reads FLAG_BLOCK entries of ssq_k at once, so where nothing is flagged the
+    launch costs about one small kernel; a launch of the full grid, each program reading its own
+    entry, cost 3.5 us at 8K tokens and 11 us at 32K (H200, gdn-qwen6), since every program
+    reserves the whole body's registers and shared memory."""
+    if FIXUP:
+        offs = tl.program_id(0) * FLAG_BLOCK + tl.arange(0, FLAG_BLOCK)
+        if tl.max(tl.load(ssq_k + offs, mask=offs < n_flags, other=0.0), 0) >= SSQ_BIG:
+            for j in range(FLAG_BLOCK):
+                e = tl.program_id(0) * FLAG_BLOCK + j
+                if tl.load(ssq_k + e, mask=e < n_flags, other=0.0) >= SSQ_BIG:
+                    i_g, i_h = e // H, e % H
+                    if IS_VARLEN:
+                        i_c, i_b = i_g, 0
+                    else:
+                        i_c, i_b = i_g % NT, i_g // NT
+                    tok0, n_valid, i_g = chunk_coords(i_c, i_b, T, NT, cu_seqlens, chunk_indices, BT, IS_VARLEN)
+                    _gram_solve(k, g, beta, g_cs, A, rstd_k, ssq_k, tok0, n_valid, i_g, i_h, i_h * (HV // H),
+                                H, HV, K, BK, BT, BC, True, True, PREC, HV // H)
     else:
-        i_b, hv0 = i_bh // HV, i_bh % HV
-        i_h = hv0 // (HV // H)
-    tok0, n_valid, i_g = chunk_coords(i_c, i_b, T, NT, cu_seqlens, chunk_indices, BT, IS_VARLEN)
-    _gram_solve(k, k_n, g, beta, g_cs, A, tok0, n_valid, i_h, hv0, H, HV, K, BK, BT, BC, FUSE_K, PREC,
-                HV // H if SHARE else 1)
+        i_c, i_bh = tl.program_id(0), tl.program_id(1)
+        if SHARE:
+            i_b, i_h = i_bh // H, i_bh % H
+            hv0 = i_h * (HV // H)
+        else:
+            i_b, hv0 = i_bh // HV, i_bh % HV
+            i_h = hv0 // (HV // H)
+        tok0, n_valid, i_g = chunk_coords(i_c, i_b, T, NT, cu_seqlens, chunk_indices, BT, IS_VARLEN)
+        _gram_solve(k, g, beta, g_cs, A, rstd_k, ssq_k, tok0, n_valid, i_g, i_h, hv0,
+                    H, HV, K, BK, BT, BC, FUSE_K, False, PREC, HV // H if SHARE else 1)
 
 
 @triton.jit(do_not_specialize=["T", "NT"])

@@ -65,17 +65,18 @@ class StaleEntry(UserWarning):
 def variant_of(kernel: str, route: str, family: str = "gdn") -> str:
     """Which compiled specialization of ``kernel`` the route runs (the constexpr flags that differ).
 
-    GDN's gram normalizes k under fused_qk and every later kernel reads that k: fused_qk runs fused_q's
-    (FUSE_Q) forms after it and the plain w/u.  KDA's state kernel reads kg, which w/u wrote with k's rstd
-    already in it: no fuse_k there; and its output kernel reads Aqk, which kda_intra built with k's rstd:
-    fused_qk runs fused_q's."""
+    KDA's state kernel reads kg, which w/u wrote with k's rstd already in it: no fuse_k there; and
+    its output kernel reads Aqk, which kda_intra built with k's rstd: fused_qk runs fused_q's."""
+    if kernel == "output_fused":
+        return "fused_q" if family == "kda" else route
+    # FUSE_Q / NORM_Q under both fused routes, FUSE_K / NORM_K under fused_qk (aqk's: the bound on raw k)
+    if kernel in ("fused_out", "kda16_prep", "aqk"):
+        return route if route.startswith("fused") else "plain"
     if kernel == "kda16_loop":  # reads what the prepare kernel wrote, whatever the route
         return "plain"
-    if kernel == "kda16_prep":  # NORM_Q under both fused routes, NORM_K under fused_qk
-        return route if route.startswith("fused") else "plain"
-    if kernel in ONE_PASS_KERNELS + ("output_fused", "kda_state_out") and route.startswith("fused"):
-        return "fused_q"  # FUSE_Q: q raw
-    fuse_k = ("gram",) if family == "gdn" else ("kda_intra", "wu")
+    if kernel in ONE_PASS_KERNELS + ("kda_state_out",) and route.startswith("fused"):
+        return "fused_q"  # FUSE_Q: q raw (under fused_qk, k's rstd rides on w, u and v_new; KDA's on kg and Aqk)
+    fuse_k = ("gram", "wu") if family == "gdn" else ("kda_intra", "wu")
     if kernel in fuse_k and route == "fused_qk":
         return "fuse_k"
     return "plain"
