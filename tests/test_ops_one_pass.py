@@ -230,20 +230,30 @@ def _aqk_inputs(H, HV, seed):
 
 
 @pytest.mark.parametrize("H,HV", [(2, 8), (2, 6)])
-def test_aqk_writes_k_rstd_pairs(H, HV):
-    """Under fused_qk with gram_solve's rstd_k, aqk also writes k_q: each row's (c + log2 rstd(k), rstd(k)) per value
-    head (GVA 4, and 3 in a tile of 4), for the in-loop kernel's k_rstd_tile; Aqk and c_q are as without it."""
+def test_aqk_k_rstd_columns_and_pairs(H, HV):
+    """Under fused_qk with gram_solve's rstd_k, aqk's Aqk columns take k's rstd (Aqk on normalized k, for the in-loop
+    kernel) and k_tile also writes k_q: each row's (c + log2 rstd(k), rstd(k)) per value head (GVA 4, and 3 in a
+    tile of 4), for its k_rstd_tile; c_q is as without them."""
     q, k, g, beta, info = _aqk_inputs(H, HV, 5)
     run = dict(varlen=info, config=forced(32, 16, torch.float32, aqk=KernelConfig(BK=16)))
     g_cs, _, rstd_k, ssq_k = ops.gram_solve(k, g, beta, fuse_k=True, **run)
-    aqk, c_q, k_q = ops.chunk_aqk(q, k, g_cs, fuse_q=True, ssq_k=ssq_k, rstd_k=rstd_k, **run)
-    aqk0, c_q0, none = ops.chunk_aqk(q, k, g_cs, fuse_q=True, ssq_k=ssq_k, **run)
-    assert none is None and torch.equal(aqk, aqk0) and torch.equal(c_q, c_q0)
-    rk = k[0].double().pow(2).sum(-1).add(1e-6).rsqrt().repeat_interleave(HV // H, dim=1)
+    aqk, c_q, k_q = ops.chunk_aqk(q, k, g_cs, fuse_q=True, ssq_k=ssq_k, rstd_k=rstd_k, k_tile=True, **run)
+    cols, c_q1, none = ops.chunk_aqk(q, k, g_cs, fuse_q=True, ssq_k=ssq_k, rstd_k=rstd_k, **run)
+    raw, c_q0, _ = ops.chunk_aqk(q, k, g_cs, fuse_q=True, ssq_k=ssq_k, **run)
+    assert none is None and torch.equal(aqk, cols) and torch.equal(c_q, c_q0) and torch.equal(c_q1, c_q0)
+    rk = k[0].double().pow(2).sum(-1).add(1e-6).rsqrt().repeat_interleave(HV // H, dim=1)  # [T, HV]
+    n = info.cu_seqlens.tolist()
+    for s0, s1 in zip(n[:-1], n[1:]):  # each chunk's columns, per value head
+        for c0 in range(s0, s1, 64):
+            c1 = min(c0 + 64, s1)
+            want = raw[0, c0:c1, :, : c1 - c0].double() * rk[c0:c1].T[None]
+            assert torch.allclose(aqk[0, c0:c1, :, : c1 - c0].double(), want, atol=1e-5, rtol=1e-4)
     want = torch.stack([g_cs[0].double() + torch.log2(rk), rk], -1)
     assert torch.allclose(k_q[0].double(), want, atol=1e-5, rtol=1e-5)
     with pytest.raises(ValueError, match="rstd_k"):
         ops.chunk_aqk(q, k, g_cs, fuse_q=True, rstd_k=rstd_k, **run)
+    with pytest.raises(ValueError, match="rstd_k"):
+        ops.chunk_aqk(q, k, g_cs, fuse_q=True, ssq_k=ssq_k, k_tile=True, **run)
 
 
 @pytest.mark.parametrize("H,HV", [(2, 2), (2, 6)])
@@ -259,7 +269,8 @@ def test_aqk_early_gates_is_the_same_kernel(H, HV):
     g_cs, _, rstd_k, ssq_k = ops.gram_solve(k, g, beta, fuse_k=True, varlen=info, config=late)
     kn = l2norm(k)
     for args, kw in (((q, kn, g_cs), {}), ((q, kn, g_cs), dict(fuse_q=True)),
-                     ((q, k, g_cs), dict(fuse_q=True, ssq_k=ssq_k, rstd_k=rstd_k))):
+                     ((q, k, g_cs), dict(fuse_q=True, ssq_k=ssq_k, rstd_k=rstd_k)),
+                     ((q, k, g_cs), dict(fuse_q=True, ssq_k=ssq_k, rstd_k=rstd_k, k_tile=True))):
         a = ops.chunk_aqk(*args, varlen=info, config=late, **kw)
         b = ops.chunk_aqk(*args, varlen=info, config=early, **kw)
         for x, y in zip(a, b):

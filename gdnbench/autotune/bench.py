@@ -143,7 +143,8 @@ class _Bench:
                                         output_final_state=True, varlen=info, config=cfg)
         # GDN's one pass: its own q k^T gram (and q's rstd under the fused routes) for state_out
         a1, cq, kq = (None, None, None) if self.kda else ops.chunk_aqk(q, k, g_cs, fuse_q=fuse_q, ssq_k=ssq,
-                                                                       rstd_k=rk, varlen=info, config=cfg)
+                                                                       rstd_k=rk, k_tile=rk is not None,
+                                                                       varlen=info, config=cfg)
         self._stage[route, gates] = dict(q=q, k=k, g_cs=g_cs, A=A, aqk=aqk, rk=rk, w=w, u=u, h0=h0, h=h, vn=vn,
                                          info=info, fuse_k=fuse_k, fuse_q=fuse_q, state_k=state_k,
                                          out_k=out_k, out_rk=out_rk, out_ssq=out_ssq, a1=a1, cq=cq, kq=kq)
@@ -174,9 +175,8 @@ class _Bench:
             return lambda: ops.state_recurrence(st["state_k"], st["w"], st["u"], st["g_cs"],
                                                 initial_state=st["h0"], output_final_state=True, **run)
         if kernel == "aqk":
-            rk = st["rk"] if self.aqk_writes_k_tile(route) else None
             return lambda: ops.chunk_aqk(st["q"], st["k"], st["g_cs"], fuse_q=st["fuse_q"], ssq_k=st["out_ssq"],
-                                         rstd_k=rk, **run)
+                                         rstd_k=st["out_rk"], k_tile=self.aqk_writes_k_tile(route), **run)
         if kernel == "fused_out":
             return lambda: ops.state_output_in_loop(st["q"], st["k"], x.v, x.beta, st["g_cs"], st["A"], st["a1"],
                                                     st["cq"], st["rk"], st["kq"], scale=x.scale, initial_state=st["h0"],

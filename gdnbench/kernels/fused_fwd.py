@@ -20,9 +20,14 @@ IN_LOOP_AQK: the chunk's gated causal q k^T is accumulated from the q and k tile
 and k h, so aqk_kernel goes too (one [64, K] x [K, 64] product per chunk and V slab, repeated per slab).
 Otherwise Aqk (and, FUSE_Q, c_q) come from aqk_kernel as in state_out.
 
-FUSE_K (fused_qk): k is raw and A is built on k's normalized rows (gram_solve); the w/u kernel's rows
-carry k's rstd r (w h = r A (beta exp2(c) r (k_raw h)), u = r A (beta v)), so here
-x = beta v - beta exp2(c) r (k_raw h) and v_new = r (A x), and the update runs on raw k as before.
+FUSE_K (fused_qk): k is raw and A is built on k's normalized rows (gram_solve), so here
+x = beta v - beta exp2(c) r (k_raw h) and v_new = A x, with k's row rstd r.  Aqk comes with r on its
+columns (aqk_kernel's K_COLS: Aqk on normalized k), so o takes v_new as it is, and the update runs on raw k
+with r on v_new's rows in the decay factor it takes anyway: k_n^T v_new = k_raw^T (diag(r) v_new).  Against
+r on v_new's [64, BV] rows after A x (H200, the loop alone at the shipped fused_qk entries, both gate
+regimes' geomean, the autotuner's gate and timing): n_spills 18 -> 6 at HV32 8K and 32K, 14 -> 4 at HV64,
+16 -> 6 at h4_hv8_mixed; 213.5 -> 210.1 us, 800.2 -> 787.1, 323.2 -> 316.3, 111.0 -> 111.0, and
+h16_hv48_uniform 192.3 -> 188.1.
 K_TILE (KernelConfig.k_rstd_tile): r comes in aqk_kernel's k_q tile, each row's (c + log2 r, r), not as its own
 [64] vector from gram_solve's rstd_k [B,T,H], a plain load the step waits on, as q's rstd was (state_out.py).
 H200, the loop alone under fused_qk, CUDA graphs, strong / long gates: searched, 642.8 / 966.5 us at
@@ -172,8 +177,6 @@ def _chunk_step(q, k, v, beta, g_cs, A, rstd_k, k_q, aqk, c_q, o, tok, n_valid, 
     p_A = tok * (HV * BT) + i_hv * BT + rows[:, None] * (HV * BT) + rows[None, :]
     b_A = tl.load(A + p_A, mask=m_t[:, None], other=0.0)
     b_vn = tl.dot(b_A, b_x.to(b_A.dtype), input_precision=PREC)
-    if FUSE_K:
-        b_vn = b_vn * r_k[:, None]
 
     if OUT:  # o = scale * (exp2(c) q h + Aqk v_new)
         if IN_LOOP_AQK:
@@ -188,6 +191,8 @@ def _chunk_step(q, k, v, beta, g_cs, A, rstd_k, k_q, aqk, c_q, o, tok, n_valid, 
 
     # decay to the chunk end, then add the chunk's keys/values
     row_f = tl.where(m_t, tl.math.exp2(c_last - c), 0.0)
+    if FUSE_K:  # the update runs on raw k: v_new's rows times k's rstd (Aqk's columns carry it for o)
+        row_f = row_f * r_k
     b_vd = (b_vn * row_f[:, None]).to(k.dtype.element_ty)
     d_last = tl.math.exp2(c_last)
     b_h1 = _update(b_k1, b_vd, b_h1, d_last, PREC)

@@ -394,14 +394,15 @@ def one_pass(config: GDNConfig, K: int, HV: int, tokens: int, longest: int) -> b
     return HV * tokens >= ONE_PASS_MIN_STREAMS * max(longest, 1)
 
 
-def chunk_aqk(q, k, g_cs, *, fuse_q=False, ssq_k=None, rstd_k=None, varlen=None,
+def chunk_aqk(q, k, g_cs, *, fuse_q=False, ssq_k=None, rstd_k=None, k_tile=False, varlen=None,
               config: GDNConfig = DEFAULT_CONFIG, on_launch=None):
     """One-pass stage 3a (GDN): (Aqk [B,T,HV,64] = causal(q k^T * exp(g_i - g_j)) per chunk, unscaled,
     c_q [B,T,HV,2] fp32 (each row's gate cumsum c and c + log2 of q's row rstd) under fuse_q, else None,
-    k_q [B,T,HV,2] fp32 (each row's c + log2 of k's row rstd, and that rstd) where ``rstd_k`` is given, else
-    None).  ``ssq_k``: under fused_qk (k raw), gram_solve's largest sum of squares of each chunk's k rows,
-    which bounds the raw products; ``rstd_k``: its k rstd, for the in-loop kernel's ``k_rstd_tile``.  Aqk is
-    in q's dtype, fp32 under fused_qk with fp16 storage (raw k may leave fp16's range)."""
+    k_q [B,T,HV,2] fp32 (each row's c + log2 of k's row rstd, and that rstd) under ``k_tile``, else None).
+    ``ssq_k``: under fused_qk (k raw), gram_solve's largest sum of squares of each chunk's k rows, which bounds
+    the raw products.  ``rstd_k``: its k rstd, for the in-loop kernel: Aqk's columns take it (Aqk on k's
+    normalized rows), and ``k_tile`` writes k_q for ``k_rstd_tile``.  Aqk is in q's dtype, fp32 under
+    fused_qk with fp16 storage (raw k may leave fp16's range)."""
     B, T, H, K = q.shape
     HV = g_cs.shape[2]
     n_grid, NT = _chunk_grid(B, T, varlen)
@@ -410,15 +411,17 @@ def chunk_aqk(q, k, g_cs, *, fuse_q=False, ssq_k=None, rstd_k=None, varlen=None,
         raise ValueError("chunk_aqk: ssq_k (raw k) needs fuse_q")
     if rstd_k is not None and not fuse_k:
         raise ValueError("chunk_aqk: rstd_k (raw k) needs ssq_k")
+    if k_tile and rstd_k is None:
+        raise ValueError("chunk_aqk: k_tile writes k's rstd: it needs rstd_k")
     dtype = torch.float32 if fuse_k and q.dtype == torch.float16 else q.dtype
     aqk = torch.empty(B, T, HV, CHUNK_SIZE, device=q.device, dtype=dtype)
     c_q = torch.empty(B, T, HV, 2, device=q.device, dtype=torch.float32) if fuse_q else None
-    k_q = torch.empty(B, T, HV, 2, device=q.device, dtype=torch.float32) if rstd_k is not None else None
+    k_q = torch.empty(B, T, HV, 2, device=q.device, dtype=torch.float32) if k_tile else None
     cfg = config.aqk
     _launch(aqk_kernel, (n_grid, B * H), cfg, q, k, g_cs, aqk, c_q, ssq_k, rstd_k, k_q, *_varlen_args(varlen), T,
             NT, H=H, HV=HV, K=K, BK=block(cfg.BK, K), BT=CHUNK_SIZE, IS_VARLEN=varlen is not None, FUSE_Q=fuse_q,
-            FUSE_K=fuse_k, PREC=_precision(q.dtype), GP=next_pow2(HV // H), K_TILE=k_q is not None,
-            EARLY=cfg.early_gates, hooks=on_launch)
+            FUSE_K=fuse_k, PREC=_precision(q.dtype), GP=next_pow2(HV // H), K_TILE=k_tile,
+            K_COLS=rstd_k is not None, EARLY=cfg.early_gates, hooks=on_launch)
     return aqk, c_q, k_q
 
 
@@ -537,7 +540,7 @@ def _in_loop_forward(q, k, v, beta, g_cs, A, rstd_k, ssq_k, fuse_q, scale, initi
     aqk = c_q = k_q = None
     if run["config"].in_loop == "wu":
         tile = _reads_k_rstd_tile(run["config"], rstd_k)
-        aqk, c_q, k_q = chunk_aqk(q, k, g_cs, fuse_q=fuse_q, ssq_k=ssq_k, rstd_k=rstd_k if tile else None, **run)
+        aqk, c_q, k_q = chunk_aqk(q, k, g_cs, fuse_q=fuse_q, ssq_k=ssq_k, rstd_k=rstd_k, k_tile=tile, **run)
     return state_output_in_loop(q, k, v, beta, g_cs, A, aqk, c_q, rstd_k, k_q, scale=scale,
                                 initial_state=initial_state, output_final_state=output_final_state, **run)
 
