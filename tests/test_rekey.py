@@ -27,6 +27,15 @@ def test_identical_code_moves_the_entry_to_the_new_hash():
     assert o.action == "rekeyed"
     assert e["key"]["source_hash"] == NEW
     assert e["rekeyed"]["from"] == OLD and "state_kernel:ab" in e["rekeyed"]["why"]
+    assert "before" not in e["rekeyed"]
+
+
+def test_a_second_move_keeps_the_first_record():
+    e = entry()
+    e["rekeyed"] = {"from": "sha256:older", "why": "config kept across an edit, re-timed"}
+    rekey.rekey_entries([e], OLD, NEW, "3.6.0", fixed(["state_kernel:ab"]), fixed(["state_kernel:ab"]))
+    assert e["rekeyed"]["from"] == OLD
+    assert e["rekeyed"]["before"] == {"from": "sha256:older", "why": "config kept across an edit, re-timed"}
 
 
 def test_changed_code_leaves_the_entry_stale():

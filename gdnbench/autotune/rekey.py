@@ -5,7 +5,8 @@ specializations (constexpr branches compiled out, a helper that compiles to its 
 machine code is the same.  For each entry whose source hash is the old tree's and not this tree's,
 this compiles the entry's winning config offline for sm_90 (no GPU; run it with the device's Triton)
 in both trees, and when the PTX (line info stripped) and the SASS of every launch of the kernel are
-identical, moves the entry to this tree's hash, recording the old hash and why under "rekeyed".
+identical, moves the entry to this tree's hash, recording the old hash and why under "rekeyed" (an
+earlier record nested under its "before").
 Entries whose code changed are listed and left stale for `gdnbench autotune`.
 
     git archive <old-rev> gdnbench | tar -x -C /tmp/old
@@ -81,8 +82,11 @@ def rekey_entries(entries: list[dict], old_hash: str, new_hash: str, triton_vers
         o = decide(e, old_hash, new_hash, triton_version, old_digests, new_digests)
         if o.action == "rekeyed":
             e["key"]["source_hash"] = new_hash
-            e["rekeyed"] = {"from": old_hash, "why": f"identical sm_{ARCH} PTX and SASS of the winning config "
-                            f"(Triton {triton_version}, offline): {o.reason}"}
+            record = {"from": old_hash, "why": f"identical sm_{ARCH} PTX and SASS of the winning config "
+                      f"(Triton {triton_version}, offline): {o.reason}"}
+            if "rekeyed" in e:  # an earlier move (its own why) stays readable behind this one
+                record["before"] = e["rekeyed"]
+            e["rekeyed"] = record
         outcomes.append(o)
     return outcomes
 

@@ -90,10 +90,10 @@ def aqk_kernel(q, k, g_cs, aqk, c_q, ssq_k, rstd_k, k_q, cu_seqlens, chunk_indic
     rounded up to a power of two); against a [64, 2] tile per value head (H200, the kernel alone at the
     fused entries' configs, CUDA graphs; the ssq test below in both): HV32 8K 36.9 -> 34.9 us, HV64
     56.2 -> 50.2, HV48 46.9 -> 44.0, 32K 130.0 -> 127.5; plain aqk there 33.1, 50.4, 42.5, 112.0.
-    K_TILE (under FUSE_K): it also writes k_q [B,T,HV,2] fp32, each row's (c + log2 r_k, r_k) from gram_solve's
-    k rstd r_k, in the same [64, 2 GP] tile form, for the in-loop kernel's k_rstd_tile (fused_fwd.py).
     K_COLS (under FUSE_K, for the in-loop kernel): Aqk's columns times r_k, so Aqk is on k's normalized rows
     and the loop's v_new needs no r_k (fused_fwd.py).
+    K_TILE (under K_COLS): it also writes k_q [B,T,HV,2] fp32, each row's (c + log2 r_k, r_k) from gram_solve's
+    k rstd r_k, in the same [64, 2 GP] tile form, for the in-loop kernel's k_rstd_tile (fused_fwd.py).
 
     The rare path (a chunk with a q row whose sum of squares reached SSQ_BIG, or under FUSE_K a k row
     whose did: gram_solve's ssq_k) redoes the chunk with q's rows normalized on load, their rstd
@@ -101,7 +101,7 @@ def aqk_kernel(q, k, g_cs, aqk, c_q, ssq_k, rstd_k, k_q, cu_seqlens, chunk_indic
     fused_q's k has unit rows), so one test of the sums replaces a test of every product of the tile
     (H200, the kernel alone at the fused entries' configs: 32K 136.9 -> 130.3 us, HV32 8K 38.2 -> 36.9).
 
-    EARLY (KernelConfig.early_gates): the G value heads' gate rows (and under K_TILE / K_COLS k's rstd) are loaded once,
+    EARLY (KernelConfig.early_gates): the G value heads' gate rows (and under K_COLS k's rstd) are loaded once,
     before q k^T's products, and each head's column is taken from that tile; otherwise they are loaded after the
     products, where the program waits on them (per head in the Aqk loop).  Same values either way: searched."""
     i_c, i_bh = tl.program_id(0), tl.program_id(1)
@@ -115,7 +115,7 @@ def aqk_kernel(q, k, g_cs, aqk, c_q, ssq_k, rstd_k, k_q, cu_seqlens, chunk_indic
     o_g = tl.arange(0, GP)
     if EARLY:
         c_g = _gate_rows(g_cs, tok0, i_h, rows, m_t, HV, G, GP)
-        if K_TILE or K_COLS:
+        if K_COLS:
             r_k = tl.load(rstd_k + (tok0 + rows) * H + i_h, mask=m_t, other=1.0)
     b_s, ssq = _qk_dots(qb, kb, rows, m_t, m_t.to(tl.float32), K, H * K, BT, BK, False, FUSE_Q, PREC)
     r = m_t.to(tl.float32)
@@ -130,7 +130,7 @@ def aqk_kernel(q, k, g_cs, aqk, c_q, ssq_k, rstd_k, k_q, cu_seqlens, chunk_indic
             r = 1.0 / tl.sqrt(ssq + L2_EPS)
             b_s = b_s * r[:, None]
     if not EARLY:
-        if K_TILE or K_COLS:
+        if K_COLS:
             r_k = tl.load(rstd_k + (tok0 + rows) * H + i_h, mask=m_t, other=1.0)
     if FUSE_Q:  # the G value heads' pairs are adjacent in c_q: one [BT, 2 GP] tile, G * 8 bytes per row
         if not EARLY:
