@@ -862,10 +862,10 @@ def _smoke_pairs(*ids):
     return [(str(ss.path), ss.get(i)) for i in ids]
 
 
-def _tune(tmp_path, kernels, retune=False, **fake):
+def _tune(tmp_path, kernels, retune=False, only=(), **fake):
     """tune() over smoke's gdn_fixed_b2 on the flag route with fake workers: (events, shapes started)."""
     events, started = [], []
-    opts = at_plan.TuneOptions(device="cpu", budget_s=0, cache_dir=tmp_path, retune=retune)
+    opts = at_plan.TuneOptions(device="cpu", budget_s=0, cache_dir=tmp_path, retune=retune, only=only)
     at.tune(_smoke_pairs("gdn_fixed_b2"), at_plan.plan_tasks(["flag"], kernels), opts,
             on_event=lambda kind, info: events.append((kind, info)), env=ENV,
             client_factory=lambda spec: _FakeWorker(spec, started=started, **fake))
@@ -904,6 +904,30 @@ def test_retune_searches_cached_entries_again(tmp_path):
     assert _searched(events) == ["state"] and not any(k == "cached" for k, _ in events)
     [e] = tuned.load_entries(tuned.cache_path(tmp_path, ENV["gpu"], "state"))
     assert e["candidates"][0]["time_us"] == 101.0  # the new search replaced the old entry
+
+
+def test_only_searches_the_named_dimensions_from_the_cached_winner(tmp_path):
+    shape = _smoke_pairs("gdn_fixed_b2")[0][1]
+    won = {"BK": 64, "BV": 64, "num_warps": 2, "num_stages": 2, "maxnreg": 128}
+    tuned.save_entry(tmp_path, _entry(shape, kernel="state", best=won))
+    events, _ = _tune(tmp_path, ["state"], retune=True, only=("maxnreg", "num_stages"))
+    [entry] = [info["entry"] for kind, info in events if kind == "entry"]
+    default = entry["default"]["config"]
+    moved = [c["config"] for c in entry["candidates"] if c["config"] != default]
+    assert moved and all({k: v for k, v in c.items() if k not in ("maxnreg", "num_stages")}
+                         == {k: v for k, v in won.items() if k not in ("maxnreg", "num_stages")} for c in moved)
+    assert {c["maxnreg"] for c in moved} == set(at_space.MAXNREG_VALUES) and len({c["num_stages"] for c in moved}) > 1
+    assert entry["search"]["only"] == ["maxnreg", "num_stages"] and entry["search"]["strategy"] == "exhaustive"
+    assert entry["search"]["dims"]["num_warps"] == [2] and entry["search"]["dims"]["BV"] == [64]
+
+
+def test_only_must_name_a_dimension_of_the_selected_kernels():
+    r = CliRunner().invoke(_app(), ["autotune", "--dry-run", "--device", "cpu", "-s", "smoke", "-k", "state", "-r", "flag",
+                                 "--only", "maxnreg,segments"], env=_cli_env())
+    assert r.exit_code == 2 and "--only segments: not a dimension of --kernels state" in r.output
+    r = CliRunner().invoke(_app(), ["autotune", "--dry-run", "--device", "cpu", "-s", "smoke", "--shape-id", "gdn_fixed_b2",
+                                 "-k", "state", "-r", "flag", "--only", "maxnreg"], env=_cli_env())
+    assert r.exit_code == 0 and "25 candidates" in r.output, r.output
 
 
 def test_interrupted_sweep_keeps_finished_entries(tmp_path):

@@ -111,6 +111,7 @@ class TuneOptions:
     compile_workers: int = 0  # per rank; see CompilePool
     seeds: bool = True  # seed_points(): descent starts at the fastest; exhaustive tries near them first
     shard: str = "searches"  # under torchrun: 'searches' or 'candidates' (see tune())
+    only: tuple[str, ...] = ()  # search these dimensions alone, the others at the first seed (space.restricted)
 
 
 def has_winner(entry: dict | None) -> bool:

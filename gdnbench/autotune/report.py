@@ -10,7 +10,7 @@ from pathlib import Path
 
 from ..kernels import tuned
 from ..kernels.cache_key import shape_key, source_hash
-from .space import build_space, count_valid, KERNELS
+from .space import build_space, count_valid, KERNELS, restricted
 from .plan import cached_on, entry_summary, EXHAUSTIVE_MAX, has_winner, Task, unique_shapes
 from .search import is_ok
 
@@ -27,14 +27,18 @@ def fmt_values(values) -> str:
 
 
 def dry_run_rows(shapes: list, tasks: list[Task], exhaustive_max: int = EXHAUSTIVE_MAX,
-                 cache_dir: Path | None = None) -> list[dict]:
+                 cache_dir: Path | None = None, only: tuple[str, ...] = ()) -> list[dict]:
     """Per shape key and task of its family: the dimensions, their values, the candidate counts, the
-    strategy, and (with ``cache_dir``) the GPU folders whose cache holds it (:func:`cached_on`)."""
+    strategy, and (with ``cache_dir``) the GPU folders whose cache holds it (:func:`cached_on`). With
+    ``only``, the space restricted at the default (a run fixes the other dimensions at its first seed)."""
     rows = []
     for s in unique_shapes(shapes):
         for t in (t for t in tasks if t.family == s.family):
             space = build_space(t.kernel, s.K, s.V, s.dtype, s.family, t.variant)
             n_valid = count_valid(t.kernel, s.K, s.V, s.dtype, s.family, t.variant)
+            if only:
+                space = restricted(space, only, space.start)
+                n_valid = len(space.valid_points())
             cached = cached_on(cache_dir, t, s) if cache_dir is not None else {}
             rows.append({
                 "kernel": t.kernel, "variant": t.variant, "route": t.route, "shape_id": s.id,

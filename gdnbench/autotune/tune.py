@@ -15,7 +15,7 @@ from typing import Callable
 from ..kernels import tuned
 from ..kernels.cache_key import device_identity, entry_key
 from ..bench.worker import CompilePool, WorkerClient
-from .space import build_space, Space
+from .space import build_space, restricted, Space
 from .plan import cached_tasks, per_candidate, Task, TuneOptions
 from .search import is_ok, search, SearchResult, seed_points
 from .dist import Dist, rank_gpu, sharded
@@ -37,7 +37,8 @@ def make_entry(env: dict, task: Task, shape, set_name: str, space: Space, res: S
                    "budget_s": opts.budget_s, "spent_s": round(res.spent_s, 3), "min_gain": opts.min_gain,
                    "exhaustive_max": opts.exhaustive_max, "dims": {d: list(v) for d, v in space.dims},
                    "space_total": space.total, "evaluated": len(res.results), "failed": failed,
-                   "pruned_met": res.pruned, "compile_workers": opts.compile_workers},
+                   "pruned_met": res.pruned, "compile_workers": opts.compile_workers,
+                   **({"only": list(opts.only)} if opts.only else {})},
         "gate": f"whole chunk_{shape.family} forward of the route under the candidate config vs the fp64 recurrence "
                 "(gdnbench.oracle.check, data-derived budget); err_vs_default: rel-RMS against the default config",
         "timing": {"what": "the stage kernel alone, stage inputs precomputed with the default config",
@@ -153,6 +154,9 @@ def _tune_one(client, env, task: Task, shape, set_path: str, opts: TuneOptions, 
     one_by_one = per_candidate(lambda p: client.evaluate(task.kernel, task.route, p))
     seeds = dist.all_gather(seed_points(opts.cache_dir, env, task, shape) if opts.seeds and dist.rank == 0
                             else None)[0] or []
+    if opts.only:  # the others at the first seed: under --retune this search's cached winner
+        anchor = seeds[0] if seeds else space.start
+        space, seeds = restricted(space, opts.only, anchor), seeds[:1]
 
     def local(points):
         t = time.monotonic()

@@ -124,6 +124,19 @@ def _argv(opts: dict) -> list[str]:
     return out
 
 
+def _only_dimensions(names: list[str], tasks) -> list[str]:
+    """--only's names, each a dimension of some selected kernel (a kernel without it searches its other ones
+    not at all: its entry re-times the first seed)."""
+    from ..autotune.space import dimension_names
+
+    known = dict.fromkeys(d for t in tasks for d in dimension_names(t.kernel, t.variant))
+    for n in names:
+        if n not in known:
+            raise _Bad(f"--only {n}: not a dimension of --kernels {','.join(dict.fromkeys(t.kernel for t in tasks))} "
+                       f"(they have {', '.join(known)})")
+    return names
+
+
 def _resolve_device(device: str, dry_run: bool) -> str:
     choice("--device", device, DEVICES)
     if dry_run or device == "cpu":
@@ -250,6 +263,9 @@ def register(app: typer.Typer) -> None:
         seeds: bool = typer.Option(True, "--seeds/--no-seeds", help="Start coordinate descent from the fastest of "
                                    "the default and up to 6 cached winners of the same kernel (this shape's "
                                    "other variants, then other shapes of the family)."),
+        only: Optional[list[str]] = typer.Option(None, "--only", help="Comma-separated dimensions to search "
+                                                  "alone (e.g. maxnreg); the others stay at the first seed: with "
+                                                  "--retune, the search's cached winner."),
         report: bool = typer.Option(False, "--report", help="Print the cache's default vs tuned table (with "
                                     "--kernels, only theirs); tune nothing."),
         plot: Optional[Path] = typer.Option(None, "--plot", help="With --report: write a time-vs-maxnreg chart "
@@ -300,22 +316,27 @@ def register(app: typer.Typer) -> None:
             tasks += planned
         if not tasks:
             _fail(f"--kernels {','.join(kernel_l)} are not run by --routes {','.join(route_l)}")
+        try:
+            only_l = _only_dimensions(_split(only), tasks)
+        except _domain_errors() as e:
+            _fail(str(e))
         if dry_run:
             root = None if retune else tuned.read_dirs(cache_dir)
-            _print_dry_run(at_report.dry_run_rows([s for _, s in pairs], tasks, exhaustive_max, root), root)
+            _print_dry_run(at_report.dry_run_rows([s for _, s in pairs], tasks, exhaustive_max, root, tuple(only_l)), root)
             return
         if nproc_per_node > 1 and RANK_ENV not in os.environ:
             opts = dict(shapes=",".join(_split(shapes)) or None, shape_id=",".join(_split(shape_ids)) or None,
                         family=fam, kernels=",".join(kernel_l), routes=",".join(route_l), budget=budget,
                         device=dev, cache_dir=cache_dir, exhaustive_max=exhaustive_max, min_gain=min_gain,
                         check_tokens=check_tokens, warmup=warmup, rounds=rounds, iters=iters, timeout=timeout,
-                        retune=retune, compile_workers=compile_workers, seeds=seeds, shard=shard)
+                        retune=retune, compile_workers=compile_workers, seeds=seeds, shard=shard,
+                        only=",".join(only_l) or None)
             _relaunch(_argv(opts), nproc_per_node, started)
         opts = at_plan.TuneOptions(device=dev, budget_s=budget, exhaustive_max=exhaustive_max, min_gain=min_gain,
                               check_tokens=check_tokens or (8192 if dev == "cuda" else 1024), warmup=warmup,
                               rounds=rounds, iters=iters, timeout_s=timeout,
                               cache_dir=cache_dir, retune=retune, seeds=seeds,
-                              shard=shard)
+                              shard=shard, only=tuple(only_l))
         dist = at_dist.torch_dist()
         opts.compile_workers = (at_dist.default_compile_workers(dev, at_dist.ranks_on_node(dist)) if compile_workers is None
                                 else compile_workers)
