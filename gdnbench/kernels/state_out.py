@@ -49,12 +49,13 @@ def _scaled_rows(xb, rows, m_t, o_k, r, K: tl.constexpr, stride, SCALE: tl.const
 
 @triton.jit
 def _qk_dots(qb, kb, rows, m_t, r, K: tl.constexpr, stride, BT: tl.constexpr, BK: tl.constexpr,
-             SCALE: tl.constexpr, SSQ: tl.constexpr, PREC: tl.constexpr):
-    """(q k^T, q's row sums of squares if SSQ, else zeros) over the K tiles of one chunk; SCALE: q's
-    rows times r on load.  The sums come from the q tiles already loaded, in fp32 (inf where a row
-    overflows: aqk_kernel's rare path)."""
+             SCALE: tl.constexpr, SSQ: tl.constexpr, SSQ_K: tl.constexpr, PREC: tl.constexpr):
+    """(q k^T, q's row sums of squares if SSQ, k's if SSQ_K, else zeros) over the K tiles of one chunk;
+    SCALE: q's rows times r on load.  The sums come from the q and k tiles already loaded, in fp32 (inf
+    where a row overflows: aqk_kernel's rare path); k's in the layout of q k^T's columns."""
     b_s = tl.zeros([BT, BT], dtype=tl.float32)
     ssq = tl.zeros([BT], dtype=tl.float32)
+    ssq_k = tl.zeros([BT], dtype=tl.float32)
     for i_k in range(tl.cdiv(K, BK)):
         o_k = i_k * BK + tl.arange(0, BK)
         b_q = _scaled_rows(qb, rows, m_t, o_k, r, K, stride, SCALE)
@@ -63,7 +64,10 @@ def _qk_dots(qb, kb, rows, m_t, r, K: tl.constexpr, stride, BT: tl.constexpr, BK
         if SSQ:
             b_qf = b_q.to(tl.float32)
             ssq += tl.sum(b_qf * b_qf, 1)
-    return b_s, ssq
+        if SSQ_K:
+            b_kf = b_kt.to(tl.float32)
+            ssq_k += tl.sum(b_kf * b_kf, 0)
+    return b_s, ssq, ssq_k
 
 
 @triton.jit
@@ -90,10 +94,11 @@ def aqk_kernel(q, k, g_cs, aqk, c_q, ssq_k, rstd_k, k_q, cu_seqlens, chunk_indic
     rounded up to a power of two); against a [64, 2] tile per value head (H200, the kernel alone at the
     fused entries' configs, CUDA graphs; the ssq test below in both): HV32 8K 36.9 -> 34.9 us, HV64
     56.2 -> 50.2, HV48 46.9 -> 44.0, 32K 130.0 -> 127.5; plain aqk there 33.1, 50.4, 42.5, 112.0.
-    K_COLS (under FUSE_K, for the in-loop kernel): Aqk's columns times r_k, so Aqk is on k's normalized rows
-    and the loop's v_new needs no r_k (fused_fwd.py).
-    K_TILE (under K_COLS): it also writes k_q [B,T,HV,2] fp32, each row's (c + log2 r_k, r_k) from gram_solve's
-    k rstd r_k, in the same [64, 2 GP] tile form, for the in-loop kernel's k_rstd_tile (fused_fwd.py).
+    K_COLS (under FUSE_K, for the in-loop kernel): Aqk's columns times k's rstd r_k, so Aqk is on k's normalized
+    rows and the loop's v_new needs no r_k (fused_fwd.py).  r_k comes from the k tiles the dot loads, as q's
+    (gram_solve's vector only on the rare path).
+    K_TILE (under K_COLS): it also writes k_q [B,T,HV,2] fp32, each row's (c + log2 r_k, r_k), in the same
+    [64, 2 GP] tile form, for the in-loop kernel's k_rstd_tile (fused_fwd.py).
 
     The rare path (a chunk with a q row whose sum of squares reached SSQ_BIG, or under FUSE_K a k row
     whose did: gram_solve's ssq_k) redoes the chunk with q's rows normalized on load, their rstd
@@ -101,7 +106,7 @@ def aqk_kernel(q, k, g_cs, aqk, c_q, ssq_k, rstd_k, k_q, cu_seqlens, chunk_indic
     fused_q's k has unit rows), so one test of the sums replaces a test of every product of the tile
     (H200, the kernel alone at the fused entries' configs: 32K 136.9 -> 130.3 us, HV32 8K 38.2 -> 36.9).
 
-    EARLY (KernelConfig.early_gates): the G value heads' gate rows (and under K_COLS k's rstd) are loaded once,
+    EARLY (KernelConfig.early_gates): the G value heads' gate rows are loaded once,
     before q k^T's products, and each head's column is taken from that tile; otherwise they are loaded after the
     products, where the program waits on them (per head in the Aqk loop).  Same values either way: searched."""
     i_c, i_bh = tl.program_id(0), tl.program_id(1)
@@ -115,23 +120,24 @@ def aqk_kernel(q, k, g_cs, aqk, c_q, ssq_k, rstd_k, k_q, cu_seqlens, chunk_indic
     o_g = tl.arange(0, GP)
     if EARLY:
         c_g = _gate_rows(g_cs, tok0, i_h, rows, m_t, HV, G, GP)
-        if K_COLS:
-            r_k = tl.load(rstd_k + (tok0 + rows) * H + i_h, mask=m_t, other=1.0)
-    b_s, ssq = _qk_dots(qb, kb, rows, m_t, m_t.to(tl.float32), K, H * K, BT, BK, False, FUSE_Q, PREC)
+    b_s, ssq, kss = _qk_dots(qb, kb, rows, m_t, m_t.to(tl.float32), K, H * K, BT, BK, False, FUSE_Q, K_COLS, PREC)
     r = m_t.to(tl.float32)
     if FUSE_Q:
         rare = vec_max(ssq) >= SSQ_BIG
-        if FUSE_K:
+        if K_COLS:
+            rare = rare | (vec_max(kss) >= SSQ_BIG)
+        elif FUSE_K:
             rare = rare | (tl.load(ssq_k + i_g * H + i_h) >= SSQ_BIG)
         if rare:
             r = l2_rstd(ssq, row_sq_sums(qb, rows, m_t, K, H * K, BK, False, True)[1])
-            b_s = _qk_dots(qb, kb, rows, m_t, r, K, H * K, BT, BK, True, False, PREC)[0]
+            b_s = _qk_dots(qb, kb, rows, m_t, r, K, H * K, BT, BK, True, False, False, PREC)[0]
+            if K_COLS:  # gram_solve's overflow-safe rstd
+                r_k = tl.load(rstd_k + (tok0 + rows) * H + i_h, mask=m_t, other=1.0)
         else:
             r = 1.0 / tl.sqrt(ssq + L2_EPS)
             b_s = b_s * r[:, None]
-    if not EARLY:
-        if K_COLS:
-            r_k = tl.load(rstd_k + (tok0 + rows) * H + i_h, mask=m_t, other=1.0)
+            if K_COLS:
+                r_k = 1.0 / tl.sqrt(kss + L2_EPS)
     if FUSE_Q:  # the G value heads' pairs are adjacent in c_q: one [BT, 2 GP] tile, G * 8 bytes per row
         if not EARLY:
             c_g = _gate_rows(g_cs, tok0, i_h, rows, m_t, HV, G, GP)
