@@ -400,8 +400,9 @@ def chunk_aqk(q, k, g_cs, *, fuse_q=False, ssq_k=None, rstd_k=None, k_tile=False
     c_q [B,T,HV,2] fp32 (each row's gate cumsum c and c + log2 of q's row rstd) under fuse_q, else None,
     k_q [B,T,HV,2] fp32 (each row's c + log2 of k's row rstd, and that rstd) under ``k_tile``, else None).
     ``ssq_k``: under fused_qk (k raw), gram_solve's largest sum of squares of each chunk's k rows, which bounds
-    the raw products.  ``rstd_k``: its k rstd, for the in-loop kernel: Aqk's columns take it (Aqk on k's
-    normalized rows), and ``k_tile`` writes k_q for ``k_rstd_tile``.  Aqk is in q's dtype, fp32 under
+    the raw products.  ``rstd_k`` (the in-loop kernel's): Aqk's columns take k's rstd (Aqk on k's normalized
+    rows), from the k tiles aqk loads, gram_solve's overflow-safe ``rstd_k`` on the rare path; ``k_tile``
+    writes k_q for ``k_rstd_tile``.  Aqk is in q's dtype, fp32 under
     fused_qk with fp16 storage (raw k may leave fp16's range)."""
     B, T, H, K = q.shape
     HV = g_cs.shape[2]
