@@ -69,7 +69,7 @@ def restricted(space: "Space", names, anchor: Point) -> "Space":
     """``space`` searched over the dimensions ``names`` alone: every other one fixed at ``anchor``'s value (the
     start's where the anchor lacks it). The start stays the default config, so the entry still times it.
     Why: a fuse_k variant's anchors and first sweeps took a 12 s budget at six aqk searches, so its register
-    cap (the last dimension) was never swept: 24 values of one dimension are one compile wave."""
+    cap (the last dimension) was never swept; its 25 values alone are one compile wave."""
     dims = [(d, v if d in names else (anchor.get(d, space.start[d]),)) for d, v in space.dims]
     return dataclasses.replace(space, dims=dims)
 

@@ -125,8 +125,8 @@ def _argv(opts: dict) -> list[str]:
 
 
 def _only_dimensions(names: list[str], tasks) -> list[str]:
-    """--only's names, each a dimension of some selected kernel (a kernel without it searches its other ones
-    not at all: its entry re-times the first seed)."""
+    """--only's names, each a dimension of some selected kernel (a selected kernel that has none of them
+    re-times its first seed)."""
     from ..autotune.space import dimension_names
 
     known = dict.fromkeys(d for t in tasks for d in dimension_names(t.kernel, t.variant))
@@ -322,7 +322,8 @@ def register(app: typer.Typer) -> None:
             _fail(str(e))
         if dry_run:
             root = None if retune else tuned.read_dirs(cache_dir)
-            _print_dry_run(at_report.dry_run_rows([s for _, s in pairs], tasks, exhaustive_max, root, tuple(only_l)), root)
+            rows = at_report.dry_run_rows([s for _, s in pairs], tasks, exhaustive_max, root, tuple(only_l))
+            _print_dry_run(rows, root)
             return
         if nproc_per_node > 1 and RANK_ENV not in os.environ:
             opts = dict(shapes=",".join(_split(shapes)) or None, shape_id=",".join(_split(shape_ids)) or None,
