@@ -402,8 +402,8 @@ def chunk_aqk(q, k, g_cs, *, fuse_q=False, ssq_k=None, rstd_k=None, k_tile=False
     ``ssq_k``: under fused_qk (k raw), gram_solve's largest sum of squares of each chunk's k rows, which bounds
     the raw products.  ``rstd_k`` (the in-loop kernel's): Aqk's columns take k's rstd (Aqk on k's normalized
     rows), from the k tiles aqk loads, gram_solve's overflow-safe ``rstd_k`` on the rare path; ``k_tile``
-    writes k_q for ``k_rstd_tile``.  Aqk is in q's dtype, fp32 under
-    fused_qk with fp16 storage (raw k may leave fp16's range)."""
+    writes k_q for ``k_rstd_tile``.  Aqk is in q's dtype, fp32 under fused_qk with fp16 storage (raw k may
+    leave fp16's range)."""
     B, T, H, K = q.shape
     HV = g_cs.shape[2]
     n_grid, NT = _chunk_grid(B, T, varlen)
