@@ -336,7 +336,7 @@ def fused_state_out_kernel(
 ):
     """SEG 1: grid (cdiv(V, BV), N*HV).  o like v; h0/ht [N, HV, K, V] fp32; A [B,T,HV,64] from gram_solve; aqk
     and c_q from aqk_kernel unless IN_LOOP_AQK (then unused, and FUSE_Q is not allowed); under FUSE_K rstd_k
-    [B,T,H] fp32, or with K_TILE k_q [B,T,HV,2] fp32 from aqk_kernel.  PIECE rows per state piece, K <= 4 PIECE
+    [B,T,H] fp32, or with K_TILE k_q (fp32 pairs) from aqk_kernel.  PIECE rows per state piece, K <= 4 PIECE
     (as the state kernel).
 
     SEG > 1 (context parallelism, module docstring): grid (N*SEG*HV*cdiv(V, BV),); sync int32 zeros, one

@@ -397,8 +397,9 @@ def one_pass(config: GDNConfig, K: int, HV: int, tokens: int, longest: int) -> b
 def chunk_aqk(q, k, g_cs, *, fuse_q=False, ssq_k=None, rstd_k=None, k_tile=False, varlen=None,
               config: GDNConfig = DEFAULT_CONFIG, on_launch=None):
     """One-pass stage 3a (GDN): (Aqk [B,T,HV,64] = causal(q k^T * exp(g_i - g_j)) per chunk, unscaled,
-    c_q [B,T,HV,2] fp32 (each row's gate cumsum c and c + log2 of q's row rstd) under fuse_q, else None,
-    k_q [B,T,HV,2] fp32 (each row's c + log2 of k's row rstd, and that rstd) under ``k_tile``, else None).
+    c_q (each row's gate cumsum c and c + log2 of q's row rstd) under fuse_q, else None, k_q (each row's
+    c + log2 of k's row rstd, and that rstd) under ``k_tile``, else None; both fp32 pairs [cdiv(B*T, 64), HV, 64, 2]:
+    :func:`pairs_by_token` views them [B,T,HV,2]).
     ``ssq_k``: under fused_qk (k raw), gram_solve's largest sum of squares of each chunk's k rows, which bounds
     the raw products.  ``rstd_k`` (the in-loop kernel's): Aqk's columns take k's rstd (Aqk on k's normalized
     rows), from the k tiles aqk loads, gram_solve's overflow-safe ``rstd_k`` on the rare path; ``k_tile``
@@ -416,14 +417,25 @@ def chunk_aqk(q, k, g_cs, *, fuse_q=False, ssq_k=None, rstd_k=None, k_tile=False
         raise ValueError("chunk_aqk: k_tile writes k's rstd: it needs rstd_k")
     dtype = torch.float32 if fuse_k and q.dtype == torch.float16 else q.dtype
     aqk = torch.empty(B, T, HV, CHUNK_SIZE, device=q.device, dtype=dtype)
-    c_q = torch.empty(B, T, HV, 2, device=q.device, dtype=torch.float32) if fuse_q else None
-    k_q = torch.empty(B, T, HV, 2, device=q.device, dtype=torch.float32) if k_tile else None
+    c_q = _pairs(B * T, HV, q.device) if fuse_q else None
+    k_q = _pairs(B * T, HV, q.device) if k_tile else None
     cfg = config.aqk
     _launch(aqk_kernel, (n_grid, B * H), cfg, q, k, g_cs, aqk, c_q, ssq_k, rstd_k, k_q, *_varlen_args(varlen), T,
             NT, H=H, HV=HV, K=K, BK=block(cfg.BK, K), BT=CHUNK_SIZE, IS_VARLEN=varlen is not None, FUSE_Q=fuse_q,
             FUSE_K=fuse_k, PREC=_precision(q.dtype), GP=next_pow2(HV // H), K_TILE=k_tile,
             K_COLS=rstd_k is not None, EARLY=cfg.early_gates, hooks=on_launch)
     return aqk, c_q, k_q
+
+
+def _pairs(tokens: int, HV: int, device) -> torch.Tensor:
+    """An fp32 pair tensor (c_q, k_q) for ``tokens`` tokens: [cdiv(tokens, 64), HV, 64, 2] (common.pair_offsets)."""
+    return torch.empty(cdiv(tokens, CHUNK_SIZE), HV, CHUNK_SIZE, 2, device=device, dtype=torch.float32)
+
+
+def pairs_by_token(pairs: torch.Tensor, B: int, T: int) -> torch.Tensor:
+    """A pair tensor viewed [B,T,HV,2] (a copy)."""
+    HV = pairs.shape[1]
+    return pairs.permute(0, 2, 1, 3).reshape(-1, HV, 2)[: B * T].reshape(B, T, HV, 2)
 
 
 def state_output(q, k, w, u, g_cs, aqk, c_q=None, *, scale, initial_state=None, output_final_state=False,

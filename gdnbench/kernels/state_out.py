@@ -17,7 +17,7 @@ the work saved grows with the tokens of all sequences and heads (ops picks the p
 
 FUSE_Q (fused_q, fused_qk): q is raw.  aqk_kernel accumulates q k^T and q's row sums of squares in
 one pass over the chunk's rows, takes q's rstd r from them (overflow-safe), scales Aqk's rows by it
-and writes c_q [B,T,HV,2] fp32, each row's (c, c + log2 r); state_out loads that
+and writes c_q (a pair tensor, common.pair_offsets), each row's (c, c + log2 r); state_out loads that
 pair where the plain form loads c, and q h's rows take exp2(c + log2 r) = exp2(c) r.  Measured on the
 H200 (state_out alone, fused tuned configs, CUDA graphs): r loaded as its own
 [64] vector beside c cost 187 -> 248 us at h16_hv32_fixed8k and 727 -> 968 at 32K (about a program per SM
@@ -34,7 +34,8 @@ to |q| below ~1e36.
 import triton
 import triton.language as tl
 
-from .common import L2_EPS, SSQ_BIG, chunk_coords, l2_rstd, loop_bound, row_pairs, row_sq_sums, vec_max
+from .common import (L2_EPS, SSQ_BIG, chunk_coords, l2_rstd, loop_bound, pair_offsets, row_pairs, row_sq_sums,
+                     vec_max)
 from .state import _add_kv, _initial_pieces, _sequence_span, _store_pieces, _w_times_h
 
 
@@ -89,7 +90,7 @@ def aqk_kernel(q, k, g_cs, aqk, c_q, ssq_k, rstd_k, k_q, cu_seqlens, chunk_indic
     configs: HV64 57.8 -> 48.5 us, 32K 133.1 -> 118.2; fused_qk HV64 101.7 -> 60.4, HV48 78.7 -> 54.7).
 
     FUSE_Q: one pass over raw q accumulates q k^T and q's row sums of squares (from the q tiles the dot
-    loads), whose rstd r then scales the rows.  It also writes c_q [B,T,HV,2] fp32: each row's
+    loads), whose rstd r then scales the rows.  It also writes c_q (fp32 pairs, common.pair_offsets): each row's
     (c, c + log2 r) for state_out, for all G value heads of the q head in one [64, 2 GP] tile (GP: G
     rounded up to a power of two); against a [64, 2] tile per value head (H200, the kernel alone at the
     fused entries' configs, CUDA graphs; the ssq test below in both): HV32 8K 36.9 -> 34.9 us, HV64
@@ -97,7 +98,7 @@ def aqk_kernel(q, k, g_cs, aqk, c_q, ssq_k, rstd_k, k_q, cu_seqlens, chunk_indic
     K_COLS (under FUSE_K, for the in-loop kernel): Aqk's columns times k's rstd r_k, so Aqk is on k's normalized
     rows and the loop's v_new needs no r_k (fused_fwd.py).  r_k comes from the k tiles the dot loads, as q's
     (gram_solve's vector only on the rare path).
-    K_TILE (under K_COLS): it also writes k_q [B,T,HV,2] fp32, each row's (c + log2 r_k, r_k), in the same
+    K_TILE (under K_COLS): it also writes k_q (fp32 pairs), each row's (c + log2 r_k, r_k), in the same
     [64, 2 GP] tile form, for the in-loop kernel's k_rstd_tile (fused_fwd.py).
 
     The rare path (a chunk with a q row whose sum of squares reached SSQ_BIG, or under FUSE_K a k row
@@ -138,18 +139,18 @@ def aqk_kernel(q, k, g_cs, aqk, c_q, ssq_k, rstd_k, k_q, cu_seqlens, chunk_indic
             b_s = b_s * r[:, None]
             if K_COLS:
                 r_k = 1.0 / tl.sqrt(kss + L2_EPS)
-    if FUSE_Q:  # the G value heads' pairs are adjacent in c_q: one [BT, 2 GP] tile, G * 8 bytes per row
+    if FUSE_Q:  # the G value heads' 64-row blocks are adjacent in c_q: one [BT, 2 GP] tile
         if not EARLY:
             c_g = _gate_rows(g_cs, tok0, i_h, rows, m_t, HV, G, GP)
         pairs = tl.reshape(tl.join(c_g, c_g + tl.log2(r)[:, None]), [BT, 2 * GP])
         o_p = tl.arange(0, 2 * GP)
-        tl.store(c_q + (tok0 * HV + i_h * G) * 2 + rows[:, None] * (HV * 2) + o_p[None, :], pairs,
-                 mask=m_t[:, None] & (o_p < 2 * G)[None, :])
+        p_p = pair_offsets(tok0, rows[:, None], i_h * G + o_p[None, :] // 2, HV) + o_p[None, :] % 2
+        m_p = m_t[:, None] & (o_p < 2 * G)[None, :]
+        tl.store(c_q + p_p, pairs, mask=m_p)
         if K_TILE:
             r_kg = tl.broadcast_to(r_k[:, None], [BT, GP])
             k_pairs = tl.reshape(tl.join(c_g + tl.log2(r_k)[:, None], r_kg), [BT, 2 * GP])
-            tl.store(k_q + (tok0 * HV + i_h * G) * 2 + rows[:, None] * (HV * 2) + o_p[None, :], k_pairs,
-                     mask=m_t[:, None] & (o_p < 2 * G)[None, :])
+            tl.store(k_q + p_p, k_pairs, mask=m_p)
     if K_COLS:  # Aqk on k's normalized rows: its columns times k's rstd
         b_s = b_s * r_k[None, :]
     keep = (rows[:, None] >= rows[None, :]) & m_t[:, None] & m_t[None, :]
