@@ -84,22 +84,21 @@ def loop_bound(n):
 
 
 @triton.jit
-def pair_offsets(tok, rows, i_hv, HV: tl.constexpr):
-    """Element offsets of rows tok + rows of value head i_hv (scalar or tile) in a pair tensor (c_q, k_q), laid
-    out [cdiv(tokens, 64), HV, 64, 2] fp32: a 64-token block's rows of one head are 512 contiguous bytes.
-    Against [B,T,HV,2], where one chunk's rows of one head lie HV * 8 bytes apart and the H programs that
-    fill a row's 32-byte sectors run a whole head's chunks apart (H200, aqk alone at its tuned fused_qk
-    configs, CUDA graphs, writing c_q and k_q): the partly written sectors cost 36.1 -> 31.4 us without k_q at
-    h16_hv32_fixed8k and 152.3 -> 118.8 at 32K (results/nvidia-h200/pair_layout_probe.md)."""
+def pair_offsets(tok, rows, i_hv, H: tl.constexpr, HV: tl.constexpr):
+    """Element offsets of rows tok + rows of value head i_hv (scalar or tile) in a pair tensor (c_q, k_q), laid out
+    [cdiv(tokens, 64), H, 64, G, 2] fp32 (G = HV / H): a 64-token block's pairs of the G value heads that share a
+    key head are one contiguous [64, 2 G] tile, the one aqk_kernel's program writes (see ops.chunk_aqk for the
+    measured layouts)."""
+    G: tl.constexpr = HV // H
     t = tok + rows
-    return ((t // 64) * HV + i_hv) * 128 + (t % 64) * 2
+    return (t // 64) * (HV * 128) + (i_hv // G) * (G * 128) + (t % 64) * (2 * G) + (i_hv % G) * 2
 
 
 @triton.jit
-def row_pairs(ptr, tok, i_hv, rows, m_t, HV: tl.constexpr):
+def row_pairs(ptr, tok, i_hv, rows, m_t, H: tl.constexpr, HV: tl.constexpr):
     """The two fp32 columns of a pair tensor (c_q, k_q; :func:`pair_offsets`) at rows tok + rows of value head
     i_hv, loaded as one [rows, 2] tile (8 contiguous bytes per row) and split."""
-    p = ptr + pair_offsets(tok, rows, i_hv, HV)[:, None] + tl.arange(0, 2)[None, :]
+    p = ptr + pair_offsets(tok, rows, i_hv, H, HV)[:, None] + tl.arange(0, 2)[None, :]
     return tl.split(tl.load(p, mask=m_t[:, None], other=0.0))
 
 

@@ -154,7 +154,7 @@ def _chunk_step(q, k, v, beta, g_cs, A, rstd_k, k_q, aqk, c_q, o, tok, n_valid, 
     last = tl.minimum(n_valid, BT) - 1
     c_last = tl.load(gb + last * HV)
     if FUSE_Q:  # q h on raw q: its rows take q's rstd r, as exp2(c + log2 r) (see state_out.py)
-        c, c_o = row_pairs(c_q, tok, i_hv, rows, m_t, HV)
+        c, c_o = row_pairs(c_q, tok, i_hv, rows, m_t, H, HV)
     else:
         c = tl.load(gb + rows * HV, mask=m_t, other=0.0)
         c_o = c
@@ -163,7 +163,7 @@ def _chunk_step(q, k, v, beta, g_cs, A, rstd_k, k_q, aqk, c_q, o, tok, n_valid, 
         if not BETA_AHEAD:
             b_beta = _beta_rows(beta, tok, n_valid, rows, i_hv, HV).to(tl.float32)
     if K_TILE:  # f_kh = beta exp2(c + log2 r_k)
-        c_k, r_k = row_pairs(k_q, tok, i_hv, rows, m_t, HV)
+        c_k, r_k = row_pairs(k_q, tok, i_hv, rows, m_t, H, HV)
         f_kh = b_beta * tl.math.exp2(c_k)
     else:
         f_kh = b_beta * tl.math.exp2(c)

@@ -398,7 +398,7 @@ def chunk_aqk(q, k, g_cs, *, fuse_q=False, ssq_k=None, rstd_k=None, k_tile=False
               config: GDNConfig = DEFAULT_CONFIG, on_launch=None):
     """One-pass stage 3a (GDN): (Aqk [B,T,HV,64] = causal(q k^T * exp(g_i - g_j)) per chunk, unscaled,
     c_q (each row's gate cumsum c and c + log2 of q's row rstd) under fuse_q, else None, k_q (each row's
-    c + log2 of k's row rstd, and that rstd) under ``k_tile``, else None; both fp32 pairs [cdiv(B*T, 64), HV, 64, 2]:
+    c + log2 of k's row rstd, and that rstd) under ``k_tile``, else None; both fp32 pairs [cdiv(B*T, 64), H, 64, HV / H, 2]:
     :func:`pairs_by_token` views them [B,T,HV,2]).
     ``ssq_k``: under fused_qk (k raw), gram_solve's largest sum of squares of each chunk's k rows, which bounds
     the raw products.  ``rstd_k`` (the in-loop kernel's): Aqk's columns take k's rstd (Aqk on k's normalized
@@ -417,8 +417,8 @@ def chunk_aqk(q, k, g_cs, *, fuse_q=False, ssq_k=None, rstd_k=None, k_tile=False
         raise ValueError("chunk_aqk: k_tile writes k's rstd: it needs rstd_k")
     dtype = torch.float32 if fuse_k and q.dtype == torch.float16 else q.dtype
     aqk = torch.empty(B, T, HV, CHUNK_SIZE, device=q.device, dtype=dtype)
-    c_q = _pairs(B * T, HV, q.device) if fuse_q else None
-    k_q = _pairs(B * T, HV, q.device) if k_tile else None
+    c_q = _pairs(B * T, H, HV, q.device) if fuse_q else None
+    k_q = _pairs(B * T, H, HV, q.device) if k_tile else None
     cfg = config.aqk
     _launch(aqk_kernel, (n_grid, B * H), cfg, q, k, g_cs, aqk, c_q, ssq_k, rstd_k, k_q, *_varlen_args(varlen), T,
             NT, H=H, HV=HV, K=K, BK=block(cfg.BK, K), BT=CHUNK_SIZE, IS_VARLEN=varlen is not None, FUSE_Q=fuse_q,
@@ -427,15 +427,15 @@ def chunk_aqk(q, k, g_cs, *, fuse_q=False, ssq_k=None, rstd_k=None, k_tile=False
     return aqk, c_q, k_q
 
 
-def _pairs(tokens: int, HV: int, device) -> torch.Tensor:
-    """An fp32 pair tensor (c_q, k_q) for ``tokens`` tokens: [cdiv(tokens, 64), HV, 64, 2] (common.pair_offsets)."""
-    return torch.empty(cdiv(tokens, CHUNK_SIZE), HV, CHUNK_SIZE, 2, device=device, dtype=torch.float32)
+def _pairs(tokens: int, H: int, HV: int, device) -> torch.Tensor:
+    """An fp32 pair tensor (c_q, k_q) for ``tokens`` tokens: [cdiv(tokens, 64), H, 64, HV / H, 2] (common.pair_offsets)."""
+    return torch.empty(cdiv(tokens, CHUNK_SIZE), H, CHUNK_SIZE, HV // H, 2, device=device, dtype=torch.float32)
 
 
 def pairs_by_token(pairs: torch.Tensor, B: int, T: int) -> torch.Tensor:
     """A pair tensor viewed [B,T,HV,2] (a copy)."""
-    HV = pairs.shape[1]
-    return pairs.permute(0, 2, 1, 3).reshape(-1, HV, 2)[: B * T].reshape(B, T, HV, 2)
+    H, G = pairs.shape[1], pairs.shape[3]
+    return pairs.permute(0, 2, 1, 3, 4).reshape(-1, H * G, 2)[: B * T].reshape(B, T, H * G, 2)
 
 
 def state_output(q, k, w, u, g_cs, aqk, c_q=None, *, scale, initial_state=None, output_final_state=False,

@@ -139,12 +139,12 @@ def aqk_kernel(q, k, g_cs, aqk, c_q, ssq_k, rstd_k, k_q, cu_seqlens, chunk_indic
             b_s = b_s * r[:, None]
             if K_COLS:
                 r_k = 1.0 / tl.sqrt(kss + L2_EPS)
-    if FUSE_Q:  # the G value heads' 64-row blocks are adjacent in c_q: one [BT, 2 GP] tile
+    if FUSE_Q:  # the G value heads' pairs are one contiguous [BT, 2 G] tile of c_q
         if not EARLY:
             c_g = _gate_rows(g_cs, tok0, i_h, rows, m_t, HV, G, GP)
         pairs = tl.reshape(tl.join(c_g, c_g + tl.log2(r)[:, None]), [BT, 2 * GP])
         o_p = tl.arange(0, 2 * GP)
-        p_p = pair_offsets(tok0, rows[:, None], i_h * G + o_p[None, :] // 2, HV) + o_p[None, :] % 2
+        p_p = pair_offsets(tok0, rows[:, None], i_h * G + o_p[None, :] // 2, H, HV) + o_p[None, :] % 2
         m_p = m_t[:, None] & (o_p < 2 * G)[None, :]
         tl.store(c_q + p_p, pairs, mask=m_p)
         if K_TILE:
@@ -219,7 +219,7 @@ def state_out_kernel(
         last = tl.minimum(n_valid, BT) - 1
         c_last = tl.load(gb + last * HV)
         if FUSE_Q:  # q h on raw q: its rows take q's rstd r, as exp2(c + log2 r), in the tile that brings c
-            c, c_o = row_pairs(c_q, tok, i_hv, rows, m_t, HV)
+            c, c_o = row_pairs(c_q, tok, i_hv, rows, m_t, H, HV)
         else:
             c = tl.load(gb + rows * HV, mask=m_t, other=0.0)
             c_o = c
