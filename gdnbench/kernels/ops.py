@@ -398,13 +398,20 @@ def chunk_aqk(q, k, g_cs, *, fuse_q=False, ssq_k=None, rstd_k=None, k_tile=False
               config: GDNConfig = DEFAULT_CONFIG, on_launch=None):
     """One-pass stage 3a (GDN): (Aqk [B,T,HV,64] = causal(q k^T * exp(g_i - g_j)) per chunk, unscaled,
     c_q (each row's gate cumsum c and c + log2 of q's row rstd) under fuse_q, else None, k_q (each row's
-    c + log2 of k's row rstd, and that rstd) under ``k_tile``, else None; both fp32 pairs [cdiv(B*T, 64), H, 64, HV / H, 2]:
-    :func:`pairs_by_token` views them [B,T,HV,2]).
+    c + log2 of k's row rstd, and that rstd) under ``k_tile``, else None; both fp32 pairs
+    [cdiv(B*T, 64), H, 64, HV / H, 2]: :func:`pairs_by_token` views them [B,T,HV,2]).
     ``ssq_k``: under fused_qk (k raw), gram_solve's largest sum of squares of each chunk's k rows, which bounds
     the raw products.  ``rstd_k`` (the in-loop kernel's): Aqk's columns take k's rstd (Aqk on k's normalized
     rows), from the k tiles aqk loads, gram_solve's overflow-safe ``rstd_k`` on the rare path; ``k_tile``
     writes k_q for ``k_rstd_tile``.  Aqk is in q's dtype, fp32 under fused_qk with fp16 storage (raw k may
-    leave fp16's range)."""
+    leave fp16's range).
+
+    The pairs' layout puts the [64, 2 G] tile each program writes in one place.  In [B,T,HV,2], its rows lay
+    HV * 8 bytes apart, G * 8 bytes each, and the H programs that fill each row's 32-byte sectors ran a whole
+    head's chunks apart (H200, aqk alone at the tuned fused_qk configs, CUDA graphs, µs,
+    [B,T,HV,2] -> this layout): fused_q 119.7 -> 111.5 and fused_qk with k_q 151.4 -> 128.3 at
+    h16_hv32_fixed32k, within 1 at HV32 8K and HV48; at HV64 (G = 4, whose rows were whole 32-byte sectors)
+    fused_q 41.3 -> 43.3, its c_q tile stored as 64-bit pieces, not 128 (results/nvidia-h200/pair_layout_probe.md)."""
     B, T, H, K = q.shape
     HV = g_cs.shape[2]
     n_grid, NT = _chunk_grid(B, T, varlen)
@@ -428,7 +435,8 @@ def chunk_aqk(q, k, g_cs, *, fuse_q=False, ssq_k=None, rstd_k=None, k_tile=False
 
 
 def _pairs(tokens: int, H: int, HV: int, device) -> torch.Tensor:
-    """An fp32 pair tensor (c_q, k_q) for ``tokens`` tokens: [cdiv(tokens, 64), H, 64, HV / H, 2] (common.pair_offsets)."""
+    """An fp32 pair tensor (c_q, k_q) for ``tokens`` tokens: [cdiv(tokens, 64), H, 64, HV / H, 2]
+    (common.pair_offsets)."""
     return torch.empty(cdiv(tokens, CHUNK_SIZE), H, CHUNK_SIZE, HV // H, 2, device=device, dtype=torch.float32)
 
 
