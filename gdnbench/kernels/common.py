@@ -102,6 +102,22 @@ def row_pairs(ptr, tok, i_hv, rows, m_t, H: tl.constexpr, HV: tl.constexpr):
     return tl.split(tl.load(p, mask=m_t[:, None], other=0.0))
 
 
+# aqk_kernel writes a pair tile through pair_ptrs (row start plus column: at G = 4 its rows are stored as
+# 128-bit pieces; through pair_offsets' per-element // G and % G they were 64-bit).  The loops read through
+# row_pairs and pair_offsets: their rows in pair_ptrs' int32 shifts and masks measured slower in the in-loop
+# kernel with the k tile (H200, autotuner times at the same config, strong gates: h16_hv32_fixed8k 181.3 ->
+# 205.4 us, h16_hv32_fixed32k 651.8 -> 752.6) though its sm_90 SASS had fewer instructions and spills.
+@triton.jit
+def pair_ptrs(ptr, tok, rows, i_h, H: tl.constexpr, HV: tl.constexpr):
+    """Pointers to the first pair of key head i_h's G value heads at rows tok + rows of a pair tensor (c_q, k_q),
+    laid out [cdiv(tokens, 64), H, 64, G, 2] fp32 (G = HV / H): a 64-token block's pairs of the G value heads that
+    share a key head are one contiguous [64, 2 G] tile, the one aqk_kernel's program writes (see ops.chunk_aqk for
+    the measured layouts).  The block's start is a scalar; per row only int32 arithmetic (r < 128)."""
+    G: tl.constexpr = HV // H
+    r = (tok & 63).to(tl.int32) + rows
+    return ptr + ((tok >> 6) * (HV * 128) + i_h * (G * 128)) + (r >> 6) * (HV * 128) + (r & 63) * (2 * G)
+
+
 @triton.jit
 def vec_max(x):
     """The largest element of a 1-D tensor, as a scalar.  On sm_100 and up, Triton 3.6's

@@ -436,7 +436,7 @@ def chunk_aqk(q, k, g_cs, *, fuse_q=False, ssq_k=None, rstd_k=None, k_tile=False
 
 def _pairs(tokens: int, H: int, HV: int, device) -> torch.Tensor:
     """An fp32 pair tensor (c_q, k_q) for ``tokens`` tokens: [cdiv(tokens, 64), H, 64, HV / H, 2]
-    (common.pair_offsets)."""
+    (common.pair_ptrs)."""
     return torch.empty(cdiv(tokens, CHUNK_SIZE), H, CHUNK_SIZE, HV // H, 2, device=device, dtype=torch.float32)
 
 

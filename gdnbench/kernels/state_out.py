@@ -34,7 +34,7 @@ to |q| below ~1e36.
 import triton
 import triton.language as tl
 
-from .common import (L2_EPS, SSQ_BIG, chunk_coords, l2_rstd, loop_bound, pair_offsets, row_pairs, row_sq_sums,
+from .common import (L2_EPS, SSQ_BIG, chunk_coords, l2_rstd, loop_bound, pair_ptrs, row_pairs, row_sq_sums,
                      vec_max)
 from .state import _add_kv, _initial_pieces, _sequence_span, _store_pieces, _w_times_h
 
@@ -90,7 +90,7 @@ def aqk_kernel(q, k, g_cs, aqk, c_q, ssq_k, rstd_k, k_q, cu_seqlens, chunk_indic
     configs: HV64 57.8 -> 48.5 us, 32K 133.1 -> 118.2; fused_qk HV64 101.7 -> 60.4, HV48 78.7 -> 54.7).
 
     FUSE_Q: one pass over raw q accumulates q k^T and q's row sums of squares (from the q tiles the dot
-    loads), whose rstd r then scales the rows.  It also writes c_q (fp32 pairs, common.pair_offsets): each row's
+    loads), whose rstd r then scales the rows.  It also writes c_q (fp32 pairs, common.pair_ptrs): each row's
     (c, c + log2 r) for state_out, for all G value heads of the q head in one [64, 2 GP] tile (GP: G
     rounded up to a power of two); against a [64, 2] tile per value head (H200, the kernel alone at the
     fused entries' configs, CUDA graphs; the ssq test below in both): HV32 8K 36.9 -> 34.9 us, HV64
@@ -144,13 +144,12 @@ def aqk_kernel(q, k, g_cs, aqk, c_q, ssq_k, rstd_k, k_q, cu_seqlens, chunk_indic
             c_g = _gate_rows(g_cs, tok0, i_h, rows, m_t, HV, G, GP)
         pairs = tl.reshape(tl.join(c_g, c_g + tl.log2(r)[:, None]), [BT, 2 * GP])
         o_p = tl.arange(0, 2 * GP)
-        p_p = pair_offsets(tok0, rows[:, None], i_h * G + o_p[None, :] // 2, H, HV) + o_p[None, :] % 2
         m_p = m_t[:, None] & (o_p < 2 * G)[None, :]
-        tl.store(c_q + p_p, pairs, mask=m_p)
+        tl.store(pair_ptrs(c_q, tok0, rows, i_h, H, HV)[:, None] + o_p[None, :], pairs, mask=m_p)
         if K_TILE:
             r_kg = tl.broadcast_to(r_k[:, None], [BT, GP])
             k_pairs = tl.reshape(tl.join(c_g + tl.log2(r_k)[:, None], r_kg), [BT, 2 * GP])
-            tl.store(k_q + p_p, k_pairs, mask=m_p)
+            tl.store(pair_ptrs(k_q, tok0, rows, i_h, H, HV)[:, None] + o_p[None, :], k_pairs, mask=m_p)
     if K_COLS:  # Aqk on k's normalized rows: its columns times k's rstd
         b_s = b_s * r_k[None, :]
     keep = (rows[:, None] >= rows[None, :]) & m_t[:, None] & m_t[None, :]
