@@ -33,7 +33,8 @@ K_TILE (KernelConfig.k_rstd_tile): r comes in aqk_kernel's k_q tile, each row's 
 H200, the loop alone under fused_qk, CUDA graphs, strong / long gates: searched, 642.8 / 966.5 us at
 h16_hv32_fixed32k against the vector form's 676.3 / 1166.5 at that config, 181.8 / 249.9 at HV32 8K against the
 vector entry's 172.3 / 269.6; at the vector form's entries with 2 stages a tile cost 192 -> 346 us at
-h16_hv48_uniform and 333 -> 475 at HV64.  So it is searched.
+h16_hv48_uniform and 333 -> 475 at HV64: there the tile needs 4 B more shared memory than two programs per SM
+allow (115716 B against 115712 at HV64's entry, offline sm_90), so one program runs per SM.  So it is searched.
 
 Rounding: the two-kernel forms round w and u to k's and v's dtype; this form rounds x to A's dtype for the
 A x product and keeps v_new in fp32 until the o product (cast to v's dtype there, as state_out does).
