@@ -152,6 +152,28 @@ def test_gram_shared_across_value_heads(norm, dtype, monkeypatch):
     check(norm, dtype, q, k, v, g, beta, s0, cu)
 
 
+@pytest.mark.filterwarnings("ignore:overflow encountered", "ignore:invalid value encountered")
+@pytest.mark.parametrize("share", [False, True])
+def test_gram_redoes_huge_chunks_in_its_one_launch(share, monkeypatch):
+    """fused_qk, fp32 k rows of 1e30 (their squares overflow fp32) in two heads and three chunks: gram_solve
+    redoes those chunks overflow-safe in the program that found them (one launch), per value head and shared,
+    packed varlen, GVA 3, initial states; A finite, the outputs close to the fp64 recurrence."""
+    from gdnbench.kernels import ops
+
+    if share:
+        monkeypatch.setattr(ops, "GRAM_SHARE_MIN_PROGRAMS", 1)
+    cu = torch.tensor([0, 37, 37, 150], dtype=torch.int64)
+    q, k, v, g, beta, s0 = make_inputs(1, 150, 2, 6, 32, 16, torch.float32, n_seqs=3, h0=True, seed=9)
+    k[0, [3, 70], 0] *= 1e30
+    k[0, [140], 1] *= 1e30
+    _, A, rstd_k, _ = ops.gram_solve(k, g, beta, varlen=prepare_varlen(cu), fuse_k=True)
+    assert torch.isfinite(A).all() and torch.isfinite(rstd_k).all()
+    o, fs = chunk_gdn(q, k, v, g, beta, initial_state=s0, output_final_state=True, cu_seqlens=cu, norm="fused_qk")
+    ro, rf = reference(q, k, v, g, beta, initial_state=s0, cu_seqlens=cu)
+    assert torch.isfinite(o).all() and torch.isfinite(fs).all()
+    assert rel_rms(o, ro) < 1e-4 and rel_rms(fs, rf) < 1e-4, (rel_rms(o, ro), rel_rms(fs, rf))
+
+
 def test_large_k_small_tiles():
     """K=256 (four 64-row state pieces), V=32, small blocks so every K/V loop runs several tiles."""
     cfg = GDNConfig(gram=KernelConfig(BK=32), wu=KernelConfig(BK=64, BV=16),
@@ -261,9 +283,9 @@ def test_huge_rows_finite(huge_k):
 
 @pytest.mark.filterwarnings("ignore:overflow encountered", "ignore:invalid value encountered")
 def test_fused_qk_fixups_past_the_first_flag_block(monkeypatch):
-    """fused_qk's fix-up launches read their flags FLAG_BLOCK at a time (1024; 4 here, so the interpreter
-    sees several blocks): a huge row in the last chunk of the last head (gram entry and output program
-    5 of 6) is found in the second block."""
+    """fused_qk's fix-up launch (the two-pass output kernel's) reads its flags FLAG_BLOCK at a time (1024; 4 here,
+    so the interpreter sees several blocks): a huge row in the last chunk of the last head (output program 5 of 6)
+    is found in the second block; gram_solve redoes its chunk in its own program."""
     import triton.language as tl
 
     from gdnbench.kernels import ops

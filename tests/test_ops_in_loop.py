@@ -171,7 +171,7 @@ def test_kernels_launched(monkeypatch):
         "l2norm_kernel", "l2norm_kernel", "gram_solve_kernel", "wu_kernel", "aqk_kernel", "state_out_kernel"]
     assert _launched(monkeypatch, base)[-2:] == ["state_kernel", "output_kernel"]  # 2 streams: two kernels
     assert _launched(monkeypatch, dataclasses.replace(base, in_loop="wu"), "fused_qk") == [
-        "gram_solve_kernel", "gram_solve_kernel", "aqk_kernel", "fused_state_out_kernel"]  # (gram's fix-up)
+        "gram_solve_kernel", "aqk_kernel", "fused_state_out_kernel"]  # gram's rare chunks in its own launch
 
 
 def test_refusals():

@@ -209,7 +209,7 @@ def _gram_solve(k, g, beta, g_cs, A, rstd_k, ssq_k, tok0, n_valid, i_g, i_h, hv0
     # free), applied to the gram's rows and columns and written here, where k is first read
     kb = k + tok0 * (H * K) + i_h * K
     if RARE:
-        # the fix-up pass, for a chunk whose largest sum of squares reached SSQ_BIG (the raw gram may
+        # the rare path, for a chunk whose largest sum of squares reached SSQ_BIG (the raw gram may
         # have overflowed): overflow-safe rstd read from k, and the gram of rows normalized on load
         n0 = _rows_rstd(kb, r0, m0, K, H * K, BK)
         n1 = _rows_rstd(kb, r1, m1, K, H * K, BK)
@@ -217,6 +217,8 @@ def _gram_solve(k, g, beta, g_cs, A, rstd_k, ssq_k, tok0, n_valid, i_g, i_h, hv0
         n3 = _rows_rstd(kb, r3, m3, K, H * K, BK)
         g00, g10, g11, g20, g21, g22, g30, g31, g32, g33 = _gram_blocks(
             kb, r0, r1, r2, r3, m0, m1, m2, m3, n0, n1, n2, n3, H * K, K, BK, BC, True, PREC)
+        _rstd_and_solves(g, beta, g_cs, A, rstd_k, tok0, i_h, hv0, g00, g10, g11, g20, g21, g22, g30, g31, g32, g33,
+                         n0, n1, n2, n3, r0, r1, r2, r3, m0, m1, m2, m3, o, H, HV, BT, BC, True, PREC, N_HV)
     else:
         one = tl.full([BC], 1.0, dtype=tl.float32)
         g00, g10, g11, g20, g21, g22, g30, g31, g32, g33 = _gram_blocks(
@@ -228,23 +230,55 @@ def _gram_solve(k, g, beta, g_cs, A, rstd_k, ssq_k, tok0, n_valid, i_g, i_h, hv0
             else:
                 s0, s1 = diag_ssq(g00, o, PREC), diag_ssq(g11, o, PREC)
                 s2, s3 = diag_ssq(g22, o, PREC), diag_ssq(g33, o, PREC)
-            n0 = 1.0 / tl.sqrt(s0 + L2_EPS)
-            n1 = 1.0 / tl.sqrt(s1 + L2_EPS)
-            n2 = 1.0 / tl.sqrt(s2 + L2_EPS)
-            n3 = 1.0 / tl.sqrt(s3 + L2_EPS)
-            g00, g10, g11, g20, g21, g22, g30, g31, g32, g33 = _scale_blocks(
-                g00, g10, g11, g20, g21, g22, g30, g31, g32, g33, n0, n1, n2, n3, n0, n1, n2, n3)
+            sm = tl.maximum(tl.maximum(tl.max(s0, 0), tl.max(s1, 0)), tl.maximum(tl.max(s2, 0), tl.max(s3, 0)))
+            if hv0 % (HV // H) == 0:  # one writer per key head
+                tl.store(ssq_k + i_g * H + i_h, sm)
+            if sm >= SSQ_BIG:
+                # BK 16: the call's own shared memory stays within the main path's
+                _gram_solve_rare(k, g, beta, g_cs, A, rstd_k, ssq_k, tok0, n_valid, i_g, i_h, hv0,
+                                 H, HV, K, 16, BT, BC, PREC, N_HV)
+            else:
+                n0 = 1.0 / tl.sqrt(s0 + L2_EPS)
+                n1 = 1.0 / tl.sqrt(s1 + L2_EPS)
+                n2 = 1.0 / tl.sqrt(s2 + L2_EPS)
+                n3 = 1.0 / tl.sqrt(s3 + L2_EPS)
+                g00, g10, g11, g20, g21, g22, g30, g31, g32, g33 = _scale_blocks(
+                    g00, g10, g11, g20, g21, g22, g30, g31, g32, g33, n0, n1, n2, n3, n0, n1, n2, n3)
+                _rstd_and_solves(g, beta, g_cs, A, rstd_k, tok0, i_h, hv0,
+                                 g00, g10, g11, g20, g21, g22, g30, g31, g32, g33, n0, n1, n2, n3,
+                                 r0, r1, r2, r3, m0, m1, m2, m3, o, H, HV, BT, BC, True, PREC, N_HV)
+        else:
+            _rstd_and_solves(g, beta, g_cs, A, rstd_k, tok0, i_h, hv0, g00, g10, g11, g20, g21, g22, g30, g31, g32, g33,
+                             one, one, one, one, r0, r1, r2, r3, m0, m1, m2, m3, o, H, HV, BT, BC, False, PREC, N_HV)
+
+
+@triton.jit(noinline=True)
+def _gram_solve_rare(k, g, beta, g_cs, A, rstd_k, ssq_k, tok0, n_valid, i_g, i_h, hv0, H: tl.constexpr,
+                     HV: tl.constexpr, K: tl.constexpr, BK: tl.constexpr, BT: tl.constexpr, BC: tl.constexpr,
+                     PREC: tl.constexpr, N_HV: tl.constexpr):
+    """_gram_solve's rare path (FUSE_K, a chunk with a k row whose sum of squares reached SSQ_BIG) as a call,
+    not inlined: its registers and stack are its own, so the main path keeps its allocation.  H200, gram alone
+    at the shipped fused_qk entries against the main launch plus the fix-up launch this replaced, µs:
+    h16_hv32_fixed8k 44.8 -> 42.8, h4_hv8_mixed 16.8-18.7 -> 15.2-15.8, h2_hv8_serving 16.8-17.7 -> 15.6-17.2,
+    32K within 1; HV48 and HV64 +0.6 and +1.5 at register caps searched for the launch form.  The same path
+    inlined (a branch in the main program) cost 44.6 -> 49.5 at HV32 8K and 72.1 -> 76.4 at HV64."""
+    _gram_solve(k, g, beta, g_cs, A, rstd_k, ssq_k, tok0, n_valid, i_g, i_h, hv0, H, HV, K, BK, BT, BC, True, True,
+                PREC, N_HV)
+
+
+@triton.jit
+def _rstd_and_solves(g, beta, g_cs, A, rstd_k, tok0, i_h, hv0, g00, g10, g11, g20, g21, g22, g30, g31, g32, g33,
+                     n0, n1, n2, n3, r0, r1, r2, r3, m0, m1, m2, m3, o, H: tl.constexpr, HV: tl.constexpr,
+                     BT: tl.constexpr, BC: tl.constexpr, FUSE_K: tl.constexpr, PREC: tl.constexpr,
+                     N_HV: tl.constexpr):
+    """k's rstd n0..n3 stored (FUSE_K, one writer per key head), then gate, solve and store per value head."""
     if FUSE_K:
-        if hv0 % (HV // H) == 0:  # one writer per key head
+        if hv0 % (HV // H) == 0:
             rb = rstd_k + tok0 * H + i_h
             tl.store(rb + r0 * H, n0, mask=m0)
             tl.store(rb + r1 * H, n1, mask=m1)
             tl.store(rb + r2 * H, n2, mask=m2)
             tl.store(rb + r3 * H, n3, mask=m3)
-            if not RARE:
-                sm = tl.maximum(tl.maximum(tl.max(s0, 0), tl.max(s1, 0)), tl.maximum(tl.max(s2, 0), tl.max(s3, 0)))
-                tl.store(ssq_k + i_g * H + i_h, sm)
-
     for r in range(N_HV):
         _gate_solve_store(g, beta, g_cs, A, tok0, hv0 + r, g00, g10, g11, g20, g21, g22, g30, g31, g32, g33,
                           r0, r1, r2, r3, m0, m1, m2, m3, o, HV, BT, BC, PREC)
@@ -295,50 +329,29 @@ def _gate_solve_store(g, beta, g_cs, A, tok0, i_hv, g00, g10, g11, g20, g21, g22
                  x00, x10, x11, x20, x21, x22, x30, x31, x32, x33, HV * BT, o, BC)
 
 
-@triton.jit(do_not_specialize=["T", "NT", "n_flags"])
+@triton.jit(do_not_specialize=["T", "NT"])
 def gram_solve_kernel(
-    k, g, beta, g_cs, A, rstd_k, ssq_k, cu_seqlens, chunk_indices, T, NT, n_flags,
+    k, g, beta, g_cs, A, rstd_k, ssq_k, cu_seqlens, chunk_indices, T, NT,
     H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, BK: tl.constexpr,
     BT: tl.constexpr, BC: tl.constexpr,
-    IS_VARLEN: tl.constexpr, FUSE_K: tl.constexpr, FIXUP: tl.constexpr, PREC: tl.constexpr,
-    SHARE: tl.constexpr,
+    IS_VARLEN: tl.constexpr, FUSE_K: tl.constexpr, PREC: tl.constexpr, SHARE: tl.constexpr,
 ):
     """Grid (chunks, B*HV), or (chunks, B*H) with SHARE (one program per key head computes the gram
     once for its HV / H value heads).  Writes g_cs (chunk-local cumsum of g, times log2 e), A = (I + L)^-1,
     and, with FUSE_K, rstd_k = 1/||k_row|| and ssq_k, the largest sum of squares of each chunk's
-    k rows ([chunks, H], n_flags entries), both computed here where k is first read.
-
-    FUSE_K's rare case is a second launch (FIXUP, grid cdiv(n_flags, FLAG_BLOCK)) that redoes,
-    overflow-safe, only the chunks whose ssq_k reached SSQ_BIG (rows of |x| ~ 1e15 and up).  Each of
-    its few programs reads FLAG_BLOCK entries of ssq_k at once, so where nothing is flagged the
-    launch costs about one small kernel; a launch of the full grid, each program reading its own
-    entry, cost 3.5 us at 8K tokens and 11 us at 32K (H200, gdn-qwen6), since every program
-    reserves the whole body's registers and shared memory."""
-    if FIXUP:
-        offs = tl.program_id(0) * FLAG_BLOCK + tl.arange(0, FLAG_BLOCK)
-        if tl.max(tl.load(ssq_k + offs, mask=offs < n_flags, other=0.0), 0) >= SSQ_BIG:
-            for j in range(FLAG_BLOCK):
-                e = tl.program_id(0) * FLAG_BLOCK + j
-                if tl.load(ssq_k + e, mask=e < n_flags, other=0.0) >= SSQ_BIG:
-                    i_g, i_h = e // H, e % H
-                    if IS_VARLEN:
-                        i_c, i_b = i_g, 0
-                    else:
-                        i_c, i_b = i_g % NT, i_g // NT
-                    tok0, n_valid, i_g = chunk_coords(i_c, i_b, T, NT, cu_seqlens, chunk_indices, BT, IS_VARLEN)
-                    _gram_solve(k, g, beta, g_cs, A, rstd_k, ssq_k, tok0, n_valid, i_g, i_h, i_h * (HV // H),
-                                H, HV, K, BK, BT, BC, True, True, PREC, HV // H)
+    k rows ([chunks, H]), both computed here where k is first read.  FUSE_K's rare case (a sum of
+    squares reached SSQ_BIG, rows of |x| ~ 1e15 and up) redoes the chunk overflow-safe in a call
+    (_gram_solve_rare)."""
+    i_c, i_bh = tl.program_id(0), tl.program_id(1)
+    if SHARE:
+        i_b, i_h = i_bh // H, i_bh % H
+        hv0 = i_h * (HV // H)
     else:
-        i_c, i_bh = tl.program_id(0), tl.program_id(1)
-        if SHARE:
-            i_b, i_h = i_bh // H, i_bh % H
-            hv0 = i_h * (HV // H)
-        else:
-            i_b, hv0 = i_bh // HV, i_bh % HV
-            i_h = hv0 // (HV // H)
-        tok0, n_valid, i_g = chunk_coords(i_c, i_b, T, NT, cu_seqlens, chunk_indices, BT, IS_VARLEN)
-        _gram_solve(k, g, beta, g_cs, A, rstd_k, ssq_k, tok0, n_valid, i_g, i_h, hv0,
-                    H, HV, K, BK, BT, BC, FUSE_K, False, PREC, HV // H if SHARE else 1)
+        i_b, hv0 = i_bh // HV, i_bh % HV
+        i_h = hv0 // (HV // H)
+    tok0, n_valid, i_g = chunk_coords(i_c, i_b, T, NT, cu_seqlens, chunk_indices, BT, IS_VARLEN)
+    _gram_solve(k, g, beta, g_cs, A, rstd_k, ssq_k, tok0, n_valid, i_g, i_h, hv0,
+                H, HV, K, BK, BT, BC, FUSE_K, False, PREC, HV // H if SHARE else 1)
 
 
 @triton.jit(do_not_specialize=["T", "NT"])

@@ -217,8 +217,8 @@ GRAM_SHARE_MIN_PROGRAMS = 1024
 def gram_solve(k, g, beta, *, varlen=None, fuse_k=False, config: GDNConfig = DEFAULT_CONFIG, on_launch=None):
     """Stage 1: (g_cs [B,T,HV] fp32 = cumsum(g)*log2 e per chunk, A [B,T,HV,64] in k's dtype,
     rstd_k [B,T,H] fp32 or None, ssq_k [chunks, H] fp32 or None: the largest sum of squares of each
-    chunk's k rows).  fuse_k: a second launch (FIXUP) redoes, overflow-safe, the chunks whose ssq_k
-    reached 2^100; its programs of other chunks only read ssq_k."""
+    chunk's k rows).  fuse_k: a chunk whose ssq_k reached 2^100 is redone, overflow-safe, by its own
+    program (intra._gram_solve_rare)."""
     B, T, H, K = k.shape
     HV = beta.shape[2]
     n_grid, NT = _chunk_grid(B, T, varlen)
@@ -227,12 +227,11 @@ def gram_solve(k, g, beta, *, varlen=None, fuse_k=False, config: GDNConfig = DEF
     rstd_k = torch.empty(B, T, H, device=k.device, dtype=torch.float32) if fuse_k else None
     ssq_k = torch.empty(B * n_grid, H, device=k.device, dtype=torch.float32) if fuse_k else None
     cfg = config.gram
-    n_flags = B * n_grid * H  # (passed to the fix-up only: an unused argument would change the main PTX)
-    share = HV > H and n_flags >= GRAM_SHARE_MIN_PROGRAMS
-    _launch_fixed_up(gram_solve_kernel, (n_grid, B * (H if share else HV)), cfg,
-                     (k, g, beta, g_cs, A, rstd_k, ssq_k, *_varlen_args(varlen), T, NT), (n_flags,), n_flags, fuse_k,
-                     H=H, HV=HV, K=K, BK=block(cfg.BK, K), BT=CHUNK_SIZE, BC=SUB_CHUNK, IS_VARLEN=varlen is not None,
-                     FUSE_K=fuse_k, PREC=_precision(k.dtype), SHARE=share, hooks=on_launch)
+    share = HV > H and B * n_grid * H >= GRAM_SHARE_MIN_PROGRAMS
+    _launch(gram_solve_kernel, (n_grid, B * (H if share else HV)), cfg,
+            k, g, beta, g_cs, A, rstd_k, ssq_k, *_varlen_args(varlen), T, NT,
+            H=H, HV=HV, K=K, BK=block(cfg.BK, K), BT=CHUNK_SIZE, BC=SUB_CHUNK, IS_VARLEN=varlen is not None,
+            FUSE_K=fuse_k, PREC=_precision(k.dtype), SHARE=share, hooks=on_launch)
     return g_cs, A, rstd_k, ssq_k
 
 
