@@ -4,7 +4,8 @@ An edit to a kernel file changes the source hash of every entry of that kernel, 
 specializations (constexpr branches compiled out, a helper that compiles to its argument) the
 machine code is the same.  For each entry whose source hash is the old tree's and not this tree's,
 this compiles the entry's winning config offline for sm_90 (no GPU; run it with the device's Triton)
-in both trees, and when the PTX (line info stripped) and the SASS of every launch of the kernel are
+in both trees, in every forward path that launches the kernel (``run_paths``: GDN's aqk in the one-pass
+and the in-loop forms), and when the PTX (line info stripped) and the SASS of every launch of the kernel are
 identical, moves the entry to this tree's hash, recording the old hash and why under "rekeyed" (an
 earlier record nested under its "before").
 Entries whose code changed are listed and left stale for `gdnbench autotune`.
@@ -126,12 +127,42 @@ def launch_digests(kernel: str, shape: dict | None, route: str, point: dict, tok
     dt = getattr(torch, shape["dtype"])
     cfg = ops.default_config(K, V, dt.itemsize, family)
     cfg = dataclasses.replace(cfg, **{kernel: tuned.kernel_config(kernel, point)})
-    if family == "gdn":  # the path that runs ``kernel``
-        cfg = dataclasses.replace(cfg, one_pass=kernel in tuned.ONE_PASS_KERNELS, in_loop=tuned.IN_LOOP_OF.get(kernel))
-    elif kernel == "kda_state_out":
-        cfg = dataclasses.replace(cfg, one_pass=True)
-    elif kernel in getattr(tuned, "KDA16_KERNELS", ()):  # (older trees have no 16-token form)
-        cfg = dataclasses.replace(cfg, kda_chunk16=True)
+    launches = []
+    for path in run_paths(kernel, family, route, cfg, tuned):
+        launches += _recorded_launches(ops, torch, family, shape, route, path, tokens, dt)
+    names = set(tuned.KERNEL_FUNCTIONS[kernel][1])
+    out = []
+    with offline.target_driver(ARCH):
+        for kern, grid, c, a, kw in launches:
+            if kern.fn.__name__ in names and not kw.get("FIXUP", False):  # fix-up launches are not tuned
+                compiled = kern.warmup(*a, grid=grid, **kw, **offline._options(c))
+                code = normalized_code(compiled.asm["ptx"], dump_sass(compiled.asm["cubin"]))
+                out.append(f"{kern.fn.__name__}:" + hashlib.sha256(code.encode()).hexdigest()[:20])
+    return out
+
+
+def run_paths(kernel: str, family: str, route: str, cfg, tuned) -> list:
+    """The configs of every forward path that launches ``kernel`` (``cfg`` holds its point): an entry is carried
+    only if each of them compiles to the same code.  GDN's aqk runs in the one-pass path and in the in-loop one,
+    where under fused_qk it also puts k's rstd on Aqk's columns and, when the loop reads it, writes the k tile."""
+    if family == "kda":
+        if kernel == "kda_state_out":
+            return [dataclasses.replace(cfg, one_pass=True)]
+        if kernel in getattr(tuned, "KDA16_KERNELS", ()):  # (older trees have no 16-token form)
+            return [dataclasses.replace(cfg, kda_chunk16=True)]
+        return [cfg]
+    paths = [dataclasses.replace(cfg, one_pass=kernel in tuned.ONE_PASS_KERNELS, in_loop=tuned.IN_LOOP_OF.get(kernel))]
+    if kernel == "aqk" and hasattr(cfg, "in_loop"):
+        loop = dataclasses.replace(cfg, one_pass=True, in_loop="wu")
+        paths.append(loop)
+        if route == "fused_qk" and hasattr(cfg.fused_out, "k_rstd_tile"):
+            paths.append(dataclasses.replace(loop, fused_out=dataclasses.replace(cfg.fused_out, k_rstd_tile=True)))
+    return paths
+
+
+def _recorded_launches(ops, torch, family, shape, route, cfg, tokens, dt) -> list:
+    """The launches (kernel, grid, config, args, kwargs) of one forward on a small stand-in of the shape."""
+    H, HV, K, V = shape["H"], shape["HV"], shape["K"], shape["V"]
     lens = [100, 200 + (tokens - 300) % 16] if shape["varlen"] else None
     T = sum(lens) if lens else 256 + tokens % 16
     q, k = torch.randn(1, T, H, K, dtype=dt), torch.randn(1, T, H, K, dtype=dt)
@@ -151,15 +182,7 @@ def launch_digests(kernel: str, shape: dict | None, route: str, point: dict, tok
                           cu_seqlens=cu, norm=norm, config=cfg)
     finally:
         ops._launch = real
-    names = set(tuned.KERNEL_FUNCTIONS[kernel][1])
-    out = []
-    with offline.target_driver(ARCH):
-        for kern, grid, c, a, kw in launches:
-            if kern.fn.__name__ in names and not kw.get("FIXUP", False):  # fix-up launches are not tuned
-                compiled = kern.warmup(*a, grid=grid, **kw, **offline._options(c))
-                code = normalized_code(compiled.asm["ptx"], dump_sass(compiled.asm["cubin"]))
-                out.append(f"{kern.fn.__name__}:" + hashlib.sha256(code.encode()).hexdigest()[:20])
-    return out
+    return launches
 
 
 # ----------------------------------------------------------------------------- parent side
