@@ -152,7 +152,7 @@ def run_paths(kernel: str, family: str, route: str, cfg, tuned) -> list:
             return [dataclasses.replace(cfg, kda_chunk16=True)]
         return [cfg]
     paths = [dataclasses.replace(cfg, one_pass=kernel in tuned.ONE_PASS_KERNELS, in_loop=tuned.IN_LOOP_OF.get(kernel))]
-    if kernel == "aqk" and hasattr(cfg, "in_loop"):
+    if kernel == "aqk":
         loop = dataclasses.replace(cfg, one_pass=True, in_loop="wu")
         paths.append(loop)
         if route == "fused_qk" and hasattr(cfg.fused_out, "k_rstd_tile"):
