@@ -103,7 +103,7 @@ def aqk_kernel(q, k, g_cs, aqk, c_q, ssq_k, rstd_k, k_q, cu_seqlens, chunk_indic
 
     The rare path (a chunk with a q row whose sum of squares reached SSQ_BIG, or under FUSE_K a k row
     whose did: under K_COLS its own sums, else gram_solve's ssq_k) redoes the chunk with q's rows normalized
-    on load, their rstd overflow-safe.  Below those bounds no raw product can overflow fp32 (|q . k| <= |q| |k| < 2^100;
+    on load, their rstd overflow-safe (under K_COLS in a call, _aqk_rare).  Below those bounds no raw product can overflow fp32 (|q . k| <= |q| |k| < 2^100;
     fused_q's k has unit rows), so one test of the sums replaces a test of every product of the tile
     (H200, the kernel alone at the fused entries' configs: 32K 136.9 -> 130.3 us, HV32 8K 38.2 -> 36.9).
 
@@ -112,33 +112,70 @@ def aqk_kernel(q, k, g_cs, aqk, c_q, ssq_k, rstd_k, k_q, cu_seqlens, chunk_indic
     products, where the program waits on them (per head in the Aqk loop).  Same values either way: searched."""
     i_c, i_bh = tl.program_id(0), tl.program_id(1)
     i_b, i_h = i_bh // H, i_bh % H
-    G: tl.constexpr = HV // H
     tok0, n_valid, i_g = chunk_coords(i_c, i_b, T, NT, cu_seqlens, chunk_indices, BT, IS_VARLEN)
     rows = tl.arange(0, BT)
     m_t = rows < n_valid
     qb = q + tok0 * (H * K) + i_h * K
     kb = k + tok0 * (H * K) + i_h * K
-    o_g = tl.arange(0, GP)
     if EARLY:
-        c_g = _gate_rows(g_cs, tok0, i_h, rows, m_t, HV, G, GP)
+        c_g = _gate_rows(g_cs, tok0, i_h, rows, m_t, HV, HV // H, GP)
+    else:  # loaded in _aqk_store
+        c_g = tl.zeros([BT, GP], dtype=tl.float32)
     b_s, ssq, kss = _qk_dots(qb, kb, rows, m_t, m_t.to(tl.float32), K, H * K, BT, BK, False, FUSE_Q, K_COLS, PREC)
-    r = m_t.to(tl.float32)
-    if FUSE_Q:
-        rare = vec_max(ssq) >= SSQ_BIG
-        if K_COLS:
-            rare = rare | (vec_max(kss) >= SSQ_BIG)
-        elif FUSE_K:
-            rare = rare | (tl.load(ssq_k + i_g * H + i_h) >= SSQ_BIG)
-        if rare:
-            r = l2_rstd(ssq, row_sq_sums(qb, rows, m_t, K, H * K, BK, False, True)[1])
-            b_s = _qk_dots(qb, kb, rows, m_t, r, K, H * K, BT, BK, True, False, False, PREC)[0]
-            if K_COLS:  # gram_solve's overflow-safe rstd
-                r_k = tl.load(rstd_k + (tok0 + rows) * H + i_h, mask=m_t, other=1.0)
+    if K_COLS:  # the rare path a call: its registers and stack are its own (_aqk_rare)
+        if (vec_max(ssq) >= SSQ_BIG) | (vec_max(kss) >= SSQ_BIG):
+            _aqk_rare(q, k, g_cs, aqk, c_q, rstd_k, k_q, tok0, n_valid, i_h, H, HV, K, BK, BT, PREC, GP, K_TILE)
         else:
             r = 1.0 / tl.sqrt(ssq + L2_EPS)
-            b_s = b_s * r[:, None]
-            if K_COLS:
-                r_k = 1.0 / tl.sqrt(kss + L2_EPS)
+            _aqk_store(b_s * r[:, None], r, 1.0 / tl.sqrt(kss + L2_EPS), c_g, g_cs, aqk, c_q, k_q, tok0, rows, m_t,
+                       i_h, H, HV, BT, GP, True, K_TILE, True, EARLY)
+    else:
+        r = m_t.to(tl.float32)
+        if FUSE_Q:
+            rare = vec_max(ssq) >= SSQ_BIG
+            if FUSE_K:
+                rare = rare | (tl.load(ssq_k + i_g * H + i_h) >= SSQ_BIG)
+            if rare:
+                r = l2_rstd(ssq, row_sq_sums(qb, rows, m_t, K, H * K, BK, False, True)[1])
+                b_s = _qk_dots(qb, kb, rows, m_t, r, K, H * K, BT, BK, True, False, False, PREC)[0]
+            else:
+                r = 1.0 / tl.sqrt(ssq + L2_EPS)
+                b_s = b_s * r[:, None]
+        _aqk_store(b_s, r, r, c_g, g_cs, aqk, c_q, k_q, tok0, rows, m_t, i_h, H, HV, BT, GP, FUSE_Q, False, False,
+                   EARLY)
+
+
+@triton.jit(noinline=True)
+def _aqk_rare(q, k, g_cs, aqk, c_q, rstd_k, k_q, tok0, n_valid, i_h, H: tl.constexpr, HV: tl.constexpr,
+              K: tl.constexpr, BK: tl.constexpr, BT: tl.constexpr, PREC: tl.constexpr, GP: tl.constexpr,
+              K_TILE: tl.constexpr):
+    """aqk_kernel's rare path under K_COLS (a chunk with a q or k row whose sum of squares reached SSQ_BIG) as a
+    call, not inlined: q k^T again with q's rows normalized on load, their rstd overflow-safe, and r_k from
+    gram_solve's overflow-safe vector; then the chunk's stores.  Inlined, this path took registers from the
+    main one (offline sm_90, HV32 8K's fused_qk entry: 2792 -> about 1940 SASS instructions, 32 -> 0 B of
+    stack as a call).  H200, aqk alone, inlined -> call: HV32 8K 36.7 -> 35.0 us, HV48 44.4 -> 41.9, 32K 121.1
+    -> 118.3, HV64 48.6 -> 48.9; under fused_q alone the call lost at every shape, so it serves fused_qk only."""
+    rows = tl.arange(0, BT)
+    m_t = rows < n_valid
+    qb = q + tok0 * (H * K) + i_h * K
+    kb = k + tok0 * (H * K) + i_h * K
+    c_g = _gate_rows(g_cs, tok0, i_h, rows, m_t, HV, HV // H, GP)
+    ssq, lo = row_sq_sums(qb, rows, m_t, K, H * K, BK, True, True)
+    r = l2_rstd(ssq, lo)
+    b_s = _qk_dots(qb, kb, rows, m_t, r, K, H * K, BT, BK, True, False, False, PREC)[0]
+    r_k = tl.load(rstd_k + (tok0 + rows) * H + i_h, mask=m_t, other=1.0)
+    _aqk_store(b_s, r, r_k, c_g, g_cs, aqk, c_q, k_q, tok0, rows, m_t, i_h, H, HV, BT, GP, True, K_TILE, True, True)
+
+
+@triton.jit
+def _aqk_store(b_s, r, r_k, c_g, g_cs, aqk, c_q, k_q, tok0, rows, m_t, i_h, H: tl.constexpr, HV: tl.constexpr,
+               BT: tl.constexpr, GP: tl.constexpr, FUSE_Q: tl.constexpr, K_TILE: tl.constexpr,
+               K_COLS: tl.constexpr, EARLY: tl.constexpr):
+    """The chunk's stores given q k^T (b_s, rows already times q's rstd r under FUSE_Q): c_q's pairs (FUSE_Q),
+    k_q's (K_TILE), and each value head's gated causal Aqk, its columns times r_k under K_COLS.  c_g: the
+    gate rows when EARLY loaded them, else loaded here."""
+    G: tl.constexpr = HV // H
+    o_g = tl.arange(0, GP)
     if FUSE_Q:  # the G value heads' pairs are one contiguous [BT, 2 G] tile of c_q
         if not EARLY:
             c_g = _gate_rows(g_cs, tok0, i_h, rows, m_t, HV, G, GP)
