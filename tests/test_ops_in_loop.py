@@ -146,6 +146,25 @@ def test_k_rstd_tile_huge_rows_finite():
     assert rel_rms(o, ro) < 1e-4 and rel_rms(fs, rf) < 1e-4, (rel_rms(o, ro), rel_rms(fs, rf))
 
 
+
+@pytest.mark.filterwarnings("ignore:overflow encountered", "ignore:invalid value encountered")
+@pytest.mark.parametrize("tile", [False, True])
+def test_aqk_rare_call_varlen_gva(tile):
+    """aqk's rare path under fused_qk, a non-inlined call (state_out._aqk_rare) that does the chunk's stores itself:
+    huge q and k rows (1e30, fp32) in chunks of both key heads, GVA 3 (its pair tiles padded to 4), varlen, an
+    initial state, with and without the k tile; the chunks without huge rows take the main path."""
+    cu = torch.tensor([0, 70, 101, 200], dtype=torch.int64)
+    q, k, v, g, beta, s0 = make_inputs(1, 200, 2, 6, 32, 16, torch.float32, n_seqs=3, h0=True, seed=9)
+    q[0, [2, 66, 150], 1] *= 1e30
+    k[0, [7, 66], 0] *= 1e30
+    k[0, 180, 1] *= 1e30
+    new, _ = configs(32, 16, torch.float32, "wu", fused_out=KernelConfig(BV=16, num_warps=2, k_rstd_tile=tile))
+    o, fs = chunk_gdn(q, k, v, g, beta, initial_state=s0, output_final_state=True, cu_seqlens=cu, norm="fused_qk",
+                      config=new)
+    ro, rf = reference(q, k, v, g, beta, initial_state=s0, cu_seqlens=cu)
+    assert torch.isfinite(o).all() and torch.isfinite(fs).all()
+    assert rel_rms(o, ro) < 1e-4 and rel_rms(fs, rf) < 1e-4, (rel_rms(o, ro), rel_rms(fs, rf))
+
 def _launched(monkeypatch, config, norm="flag"):
     names = []
     real = ops._launch
