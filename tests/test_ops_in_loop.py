@@ -10,7 +10,7 @@ os.environ["TRITON_INTERPRET"] = "1"
 import pytest  # noqa: E402
 import torch  # noqa: E402
 
-from gdnbench.kernels import ops  # noqa: E402
+from gdnbench.kernels import common, ops, state_out  # noqa: E402
 from gdnbench.kernels.config import split_width  # noqa: E402
 from gdnbench.kernels.ops import GDNConfig, KernelConfig, chunk_gdn, default_config, l2norm  # noqa: E402
 
@@ -148,11 +148,20 @@ def test_k_rstd_tile_huge_rows_finite():
 
 
 @pytest.mark.filterwarnings("ignore:overflow encountered", "ignore:invalid value encountered")
-@pytest.mark.parametrize("tile", [False, True])
-def test_aqk_rare_call_varlen_gva(tile):
-    """aqk's rare path under fused_qk, a non-inlined call (state_out._aqk_rare) that does the chunk's stores itself:
-    huge q and k rows (1e30, fp32) in chunks of both key heads, GVA 3 (its pair tiles padded to 4), varlen, an
-    initial state, with and without the k tile; the chunks without huge rows take the main path."""
+@pytest.mark.parametrize("tile,blackwell", [(False, False), (True, False), (True, True)])
+def test_aqk_rare_call_varlen_gva(monkeypatch, tile, blackwell):
+    """aqk's rare path under fused_qk, a non-inlined call (state_out._aqk_rare) that does the chunk's stores itself,
+    inlined where cuda_capability_geq(10) (blackwell: that branch taken): huge q and k rows (1e30, fp32) in chunks
+    of both key heads, GVA 3 (its pair tiles padded to 4), varlen, an initial state, with and without the k tile;
+    the chunks without huge rows take the main path."""
+    asked = []
+    if blackwell:
+        def geq(major, minor=0):
+            asked.append(major)
+            return True
+
+        monkeypatch.setattr(state_out, "cuda_capability_geq", geq)  # the rare path's branch
+        monkeypatch.setattr(common, "cuda_capability_geq", lambda major, minor=0: True)  # vec_max's
     cu = torch.tensor([0, 70, 101, 200], dtype=torch.int64)
     q, k, v, g, beta, s0 = make_inputs(1, 200, 2, 6, 32, 16, torch.float32, n_seqs=3, h0=True, seed=9)
     q[0, [2, 66, 150], 1] *= 1e30
@@ -164,6 +173,8 @@ def test_aqk_rare_call_varlen_gva(tile):
     ro, rf = reference(q, k, v, g, beta, initial_state=s0, cu_seqlens=cu)
     assert torch.isfinite(o).all() and torch.isfinite(fs).all()
     assert rel_rms(o, ro) < 1e-4 and rel_rms(fs, rf) < 1e-4, (rel_rms(o, ro), rel_rms(fs, rf))
+    assert bool(asked) == blackwell
+
 
 def _launched(monkeypatch, config, norm="flag"):
     names = []

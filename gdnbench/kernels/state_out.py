@@ -33,6 +33,7 @@ to |q| below ~1e36.
 
 import triton
 import triton.language as tl
+from triton.language.target_info import cuda_capability_geq
 
 from .common import (L2_EPS, SSQ_BIG, chunk_coords, l2_rstd, loop_bound, pair_ptrs, row_pairs, row_sq_sums,
                      vec_max)
@@ -124,7 +125,10 @@ def aqk_kernel(q, k, g_cs, aqk, c_q, ssq_k, rstd_k, k_q, cu_seqlens, chunk_indic
     b_s, ssq, kss = _qk_dots(qb, kb, rows, m_t, m_t.to(tl.float32), K, H * K, BT, BK, False, FUSE_Q, K_COLS, PREC)
     if K_COLS:  # the rare path a call: its registers and stack are its own (_aqk_rare)
         if (vec_max(ssq) >= SSQ_BIG) | (vec_max(kss) >= SSQ_BIG):
-            _aqk_rare(q, k, g_cs, aqk, c_q, rstd_k, k_q, tok0, n_valid, i_h, H, HV, K, BK, BT, PREC, GP, K_TILE)
+            if cuda_capability_geq(10):  # Triton 3.6 fails to lower a tensor-memory dot in a call (sm_100, sm_103)
+                _aqk_redo(q, k, g_cs, aqk, c_q, rstd_k, k_q, tok0, n_valid, i_h, H, HV, K, BK, BT, PREC, GP, K_TILE)
+            else:
+                _aqk_rare(q, k, g_cs, aqk, c_q, rstd_k, k_q, tok0, n_valid, i_h, H, HV, K, BK, BT, PREC, GP, K_TILE)
         else:
             r = 1.0 / tl.sqrt(ssq + L2_EPS)
             _aqk_store(b_s * r[:, None], r, 1.0 / tl.sqrt(kss + L2_EPS), c_g, g_cs, aqk, c_q, k_q, tok0, rows, m_t,
@@ -154,7 +158,16 @@ def _aqk_rare(q, k, g_cs, aqk, c_q, rstd_k, k_q, tok0, n_valid, i_h, H: tl.const
     gram_solve's overflow-safe vector; then the chunk's stores.  Inlined, this path took registers from the
     main one (offline sm_90, HV32 8K's fused_qk entry: 2792 -> about 1940 SASS instructions, 32 -> 0 B of
     stack as a call).  H200, aqk alone, inlined -> call: HV32 8K 36.7 -> 35.0 us, HV48 44.4 -> 41.9, 32K 121.1
-    -> 118.3, HV64 48.6 -> 48.9; under fused_q alone the call lost at every shape, so it serves fused_qk only."""
+    -> 118.3, HV64 48.6 -> 48.9; under fused_q alone the call lost at every shape, so it serves fused_qk only.
+    On sm_100 and up the same path is inlined (Triton 3.6's ConvertNVGPUToLLVM fails on the call, offline)."""
+    _aqk_redo(q, k, g_cs, aqk, c_q, rstd_k, k_q, tok0, n_valid, i_h, H, HV, K, BK, BT, PREC, GP, K_TILE)
+
+
+@triton.jit
+def _aqk_redo(q, k, g_cs, aqk, c_q, rstd_k, k_q, tok0, n_valid, i_h, H: tl.constexpr, HV: tl.constexpr,
+              K: tl.constexpr, BK: tl.constexpr, BT: tl.constexpr, PREC: tl.constexpr, GP: tl.constexpr,
+              K_TILE: tl.constexpr):
+    """_aqk_rare's work: the chunk redone overflow-safe, then its stores."""
     rows = tl.arange(0, BT)
     m_t = rows < n_valid
     qb = q + tok0 * (H * K) + i_h * K
