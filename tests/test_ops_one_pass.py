@@ -158,7 +158,7 @@ def test_forcing_it_where_it_is_not_built():
 
 def test_the_callers_on_launch_sees_each_main_launch_of_a_forward():
     """The autotuner reads a candidate's registers through ``on_launch``: every stage's main launch
-    reaches it, a fix-up launch (KDA's fused_qk) does not, and a call without it runs as before."""
+    reaches it, a fix-up launch (fused_qk) does not, and a call without it runs as before."""
     torch.manual_seed(0)
     T, H, K, V = 64, 1, 16, 16
     q, k, v = torch.randn(1, T, H, K), torch.randn(1, T, H, K), torch.randn(1, T, H, V)

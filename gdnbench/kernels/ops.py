@@ -328,7 +328,7 @@ def chunk_output(q, k, v_new, h, g_cs, *, scale, rstd_k=None, ssq_k=None, fuse_q
 
     Per-channel gates (g_cs [B,T,HV,K]): pass stage 1's ``aqk``; k is not read (may be None).
     GDN fused_qk (``rstd_k`` and ``ssq_k`` from :func:`gram_solve`, fuse_q): k is raw and v_new's
-    rows carry k's rstd; a program where a raw q k^T could overflow redoes itself in the same launch."""
+    rows carry k's rstd; a second launch (FIXUP) redoes the programs where a raw q k^T could overflow."""
     B, T, H, K = q.shape
     HV, V = v_new.shape[2], v_new.shape[3]
     n_grid, NT = _chunk_grid(B, T, varlen)
@@ -339,9 +339,13 @@ def chunk_output(q, k, v_new, h, g_cs, *, scale, rstd_k=None, ssq_k=None, fuse_q
     cfg = config.output_fused if fuse_q else config.output
     BV = block(cfg.BV, V)
     grid = (cdiv(V, BV), n_grid, B * HV)
-    _launch(output_kernel, grid, cfg, q, k, v_new, h, g_cs, rstd_k, ssq_k, aqk, o, *_varlen_args(varlen), float(scale),
-            T, NT, H=H, HV=HV, K=K, V=V, BK=block(cfg.BK, K), BV=BV, BT=CHUNK_SIZE, IS_VARLEN=varlen is not None,
-            FUSE_Q=fuse_q, FUSE_K=fuse_k, PER_CHANNEL=g_cs.dim() == 4, PREC=_precision(q.dtype), hooks=on_launch)
+    n_flags = grid[0] * grid[1] * grid[2]
+    risky = torch.empty(n_flags, device=q.device, dtype=torch.int8) if fuse_k else None
+    _launch_fixed_up(output_kernel, grid, cfg,
+                     (q, k, v_new, h, g_cs, rstd_k, ssq_k, aqk, o, risky, *_varlen_args(varlen), float(scale), T, NT),
+                     (n_grid, n_flags), n_flags, fuse_k, H=H, HV=HV, K=K, V=V, BK=block(cfg.BK, K), BV=BV,
+                     BT=CHUNK_SIZE, IS_VARLEN=varlen is not None, FUSE_Q=fuse_q, FUSE_K=fuse_k,
+                     PER_CHANNEL=g_cs.dim() == 4, PREC=_precision(q.dtype), hooks=on_launch)
     return o
 
 

@@ -15,8 +15,8 @@ FUSE_K (GDN): v_new's rows carry k's rstd (the w/u kernel scales w and u by it),
 loop runs on raw k and (q k^T) v_new is already (q k_norm^T) times the unscaled v_new: the
 kernel does no work for k's norm.  A raw product can overflow fp32 only where |q| |k| does;
 each program compares that bound (q's row sums of squares, the chunk's largest of k's from the
-gram kernel) with 2^120 and, where it is reached, redoes itself with k normalized on load in a
-call Triton does not inline (_output_rare), as gram_solve does.  A row whose plain sum of squares reaches 2^100 (|x| ~ 1e15
+gram kernel) with 2^120 and writes a flag, and a second launch (FIXUP) redoes the flagged
+programs with k normalized on load.  A row whose plain sum of squares reaches 2^100 (|x| ~ 1e15
 and up) gets its rstd from a pre-scaled sum (common.row_rstd), re-read from q only then.
 Limitation: the raw-q products can overflow fp32 only for |q| rows beyond ~1e36.
 
@@ -29,11 +29,10 @@ No k is read: k's norm is already inside Aqk and h.
 
 import triton
 import triton.language as tl
-from triton.language.target_info import cuda_capability_geq
 
-from .common import chunk_coords, diag_ssq, row_rstd, vec_max
+from .common import FLAG_BLOCK, any_flagged, chunk_coords, diag_ssq, flagged, row_rstd, vec_max
 
-# FUSE_K: a program whose |q|max |k|max reaches this is redone with k normalized on load
+# FUSE_K: a program whose |q|max |k|max reaches this runs again in the fix-up launch (k normalized on load)
 RAW_QK_MAX = tl.constexpr(2.0**120)
 RAW_K_SSQ_MAX_FP16 = tl.constexpr(2.0**30)  # fp16: |k| >= 2^15 may take q_norm k^T out of fp16's range
 
@@ -103,7 +102,7 @@ def _q_rstd(b_qq, qb, rows, m_t, K: tl.constexpr, stride, BK: tl.constexpr, PREC
 
 
 @triton.jit
-def _output(q, k, v_new, h, g_cs, rstd_k, ssq_k, aqk, o, scale, tok0, n_valid, i_g, i_v, i_h, i_hv,
+def _output(q, k, v_new, h, g_cs, rstd_k, ssq_k, aqk, o, risky, scale, tok0, n_valid, i_g, i_v, i_h, i_hv,
             H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
             BK: tl.constexpr, BV: tl.constexpr, BT: tl.constexpr, FUSE_Q: tl.constexpr, FUSE_K: tl.constexpr,
             PER_CHANNEL: tl.constexpr, RARE: tl.constexpr, PREC: tl.constexpr):
@@ -149,76 +148,65 @@ def _output(q, k, v_new, h, g_cs, rstd_k, ssq_k, aqk, o, scale, tok0, n_valid, i
             b_o = b_o * r_q[:, None]
             b_s = b_s * r_q[:, None]
             if FUSE_K and not RARE:
-                # |q k^T| <= |q| |k|: redo this program with k normalized on load where that bound
+                # |q k^T| <= |q| |k|: flag this program for the fix-up launch where that bound
                 # reaches 2^120 (fp16: where |k| alone may take q_norm k^T out of fp16's range)
                 ssq_km = tl.load(ssq_k + i_g * H + i_h)
                 flag = tl.sqrt(vec_max(ssq)) * tl.sqrt(ssq_km) >= RAW_QK_MAX
                 if q.dtype.element_ty == tl.float16:
                     flag = flag | (ssq_km >= RAW_K_SSQ_MAX_FP16)
-        if FUSE_K and not RARE:
-            if flag:
-                if cuda_capability_geq(10):  # Triton 3.6 fails to lower a tensor-memory dot in a call
-                    _output(q, k, v_new, h, g_cs, rstd_k, ssq_k, aqk, o, scale, tok0, n_valid, i_g, i_v, i_h, i_hv,
-                            H, HV, K, V, BK, BV, BT, True, True, False, True, PREC)
-                else:
-                    _output_rare(q, k, v_new, h, g_cs, rstd_k, ssq_k, aqk, o, scale, tok0, n_valid, i_g, i_v, i_h,
-                                 i_hv, H, HV, K, V, BK, BV, BT, PREC)
-            else:
-                _o_store(b_o, b_s, m_t, v_new, o, scale, tok0, rows, m_t, o_v, m_v, i_hv, HV, V, False, PREC)
-        elif RARE:
-            _o_store(b_o, b_s, r_k, v_new, o, scale, tok0, rows, m_t, o_v, m_v, i_hv, HV, V, True, PREC)
-        else:
-            _o_store(b_o, b_s, m_t, v_new, o, scale, tok0, rows, m_t, o_v, m_v, i_hv, HV, V, False, PREC)
+                pid = (tl.program_id(2) * tl.num_programs(1) + tl.program_id(1)) * tl.num_programs(0) + i_v
+                tl.store(risky + pid, flag.to(tl.int8))
+
+        m_tv = m_t[:, None] & m_v[None, :]
+        p_tv = rows[:, None] * (HV * V) + o_v[None, :]
+        b_vn = tl.load(v_new + tok0 * (HV * V) + i_hv * V + p_tv, mask=m_tv, other=0.0)
+        if RARE:
+            b_vn = (b_vn.to(tl.float32) / r_k[:, None]).to(b_vn.dtype)  # v_new's rows carry r_k
+        b_o = tl.dot(b_s.to(b_vn.dtype), b_vn, b_o, input_precision=PREC) * scale
+        tl.store(o + tok0 * (HV * V) + i_hv * V + p_tv, b_o.to(o.dtype.element_ty), mask=m_tv)
 
 
 @triton.jit
-def _o_store(b_o, b_s, r_k, v_new, o, scale, tok0, rows, m_t, o_v, m_v, i_hv, HV: tl.constexpr, V: tl.constexpr,
-             RARE: tl.constexpr, PREC: tl.constexpr):
-    """o = (b_o + b_s v_new) * scale stored; RARE: v_new's rows divided by r_k (they carry it)."""
-    m_tv = m_t[:, None] & m_v[None, :]
-    p_tv = rows[:, None] * (HV * V) + o_v[None, :]
-    b_vn = tl.load(v_new + tok0 * (HV * V) + i_hv * V + p_tv, mask=m_tv, other=0.0)
-    if RARE:
-        b_vn = (b_vn.to(tl.float32) / r_k[:, None]).to(b_vn.dtype)  # v_new's rows carry r_k
-    b_o = tl.dot(b_s.to(b_vn.dtype), b_vn, b_o, input_precision=PREC) * scale
-    tl.store(o + tok0 * (HV * V) + i_hv * V + p_tv, b_o.to(o.dtype.element_ty), mask=m_tv)
-
-
-@triton.jit(noinline=True)
-def _output_rare(q, k, v_new, h, g_cs, rstd_k, ssq_k, aqk, o, scale, tok0, n_valid, i_g, i_v, i_h, i_hv,
-                 H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BK: tl.constexpr,
-                 BV: tl.constexpr, BT: tl.constexpr, PREC: tl.constexpr):
-    """_output's rare path under FUSE_K (a program whose raw q k^T could overflow) as a call, not inlined: the
-    program redone with k normalized on load, its registers and stack its own, in the main launch."""
-    _output(q, k, v_new, h, g_cs, rstd_k, ssq_k, aqk, o, scale, tok0, n_valid, i_g, i_v, i_h, i_hv,
-            H, HV, K, V, BK, BV, BT, True, True, False, True, PREC)
-
-
-@triton.jit(do_not_specialize=["T", "NT"])
-def output_kernel(
-    q, k, v_new, h, g_cs, rstd_k, ssq_k, aqk, o, cu_seqlens, chunk_indices, scale, T, NT,
-    H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
-    BK: tl.constexpr, BV: tl.constexpr, BT: tl.constexpr,
-    IS_VARLEN: tl.constexpr, FUSE_Q: tl.constexpr, FUSE_K: tl.constexpr, PER_CHANNEL: tl.constexpr,
-    PREC: tl.constexpr,
-):
-    """Grid (cdiv(V, BV), chunks, B*HV).  PER_CHANNEL: g_cs is [B,T,HV,K], aqk [B,T,HV,BT], k unused.
-
-    FUSE_K (GDN): ssq_k [chunks, H] from the gram kernel; a program whose raw q k^T could overflow redoes
-    itself with k normalized on load, through a call Triton does not inline (_output_rare; inlined on sm_100
-    and up), in this launch."""
-    _output_at(q, k, v_new, h, g_cs, rstd_k, ssq_k, aqk, o, cu_seqlens, chunk_indices, scale, T, NT,
-               tl.program_id(0), tl.program_id(1), tl.program_id(2), H, HV, K, V, BK, BV, BT, IS_VARLEN,
-               FUSE_Q, FUSE_K, PER_CHANNEL, PREC)
-
-
-@triton.jit
-def _output_at(q, k, v_new, h, g_cs, rstd_k, ssq_k, aqk, o, cu_seqlens, chunk_indices, scale, T, NT,
+def _output_at(q, k, v_new, h, g_cs, rstd_k, ssq_k, aqk, o, risky, cu_seqlens, chunk_indices, scale, T, NT,
                i_v, i_c, i_bh, H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
                BK: tl.constexpr, BV: tl.constexpr, BT: tl.constexpr, IS_VARLEN: tl.constexpr,
-               FUSE_Q: tl.constexpr, FUSE_K: tl.constexpr, PER_CHANNEL: tl.constexpr, PREC: tl.constexpr):
+               FUSE_Q: tl.constexpr, FUSE_K: tl.constexpr, PER_CHANNEL: tl.constexpr, RARE: tl.constexpr,
+               PREC: tl.constexpr):
     i_b, i_hv = i_bh // HV, i_bh % HV
     i_h = i_hv // (HV // H)
     tok0, n_valid, i_g = chunk_coords(i_c, i_b, T, NT, cu_seqlens, chunk_indices, BT, IS_VARLEN)
-    _output(q, k, v_new, h, g_cs, rstd_k, ssq_k, aqk, o, scale, tok0, n_valid, i_g, i_v, i_h, i_hv,
-            H, HV, K, V, BK, BV, BT, FUSE_Q, FUSE_K, PER_CHANNEL, False, PREC)
+    _output(q, k, v_new, h, g_cs, rstd_k, ssq_k, aqk, o, risky, scale, tok0, n_valid, i_g, i_v, i_h, i_hv,
+            H, HV, K, V, BK, BV, BT, FUSE_Q, FUSE_K, PER_CHANNEL, RARE, PREC)
+
+
+@triton.jit(do_not_specialize=["T", "NT", "NC", "n_flags"])
+def output_kernel(
+    q, k, v_new, h, g_cs, rstd_k, ssq_k, aqk, o, risky, cu_seqlens, chunk_indices, scale, T, NT, NC, n_flags,
+    H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
+    BK: tl.constexpr, BV: tl.constexpr, BT: tl.constexpr,
+    IS_VARLEN: tl.constexpr, FUSE_Q: tl.constexpr, FUSE_K: tl.constexpr, PER_CHANNEL: tl.constexpr,
+    FIXUP: tl.constexpr, PREC: tl.constexpr,
+):
+    """Grid (cdiv(V, BV), NC chunks, B*HV).  PER_CHANNEL: g_cs is [B,T,HV,K], aqk [B,T,HV,BT], k unused.
+
+    FUSE_K (GDN): ssq_k [chunks, H] from the gram kernel; every program writes its risky flag
+    (int8, one per program: n_flags).  FIXUP: the second launch, grid cdiv(n_flags, FLAG_BLOCK),
+    whose few programs read FLAG_BLOCK flags at once and redo only the flagged programs.  A fix-up
+    launch of the full grid, each program reading its own flag, cost 7 us at 8K tokens and 26 us at
+    32K (H200, gdn-qwen6): each of its programs carries the body's register and shared-memory
+    footprint."""
+    if FIXUP:
+        if any_flagged(risky, n_flags):
+            for j in range(FLAG_BLOCK):
+                pid, is_set = flagged(risky, j, n_flags)
+                if is_set:
+                    i_v = pid % tl.cdiv(V, BV)
+                    i_c = (pid // tl.cdiv(V, BV)) % NC
+                    i_bh = pid // (tl.cdiv(V, BV) * NC)
+                    _output_at(q, k, v_new, h, g_cs, rstd_k, ssq_k, aqk, o, risky, cu_seqlens, chunk_indices,
+                               scale, T, NT, i_v, i_c, i_bh, H, HV, K, V, BK, BV, BT, IS_VARLEN,
+                               True, True, False, True, PREC)
+    else:
+        _output_at(q, k, v_new, h, g_cs, rstd_k, ssq_k, aqk, o, risky, cu_seqlens, chunk_indices, scale, T, NT,
+                   tl.program_id(0), tl.program_id(1), tl.program_id(2), H, HV, K, V, BK, BV, BT, IS_VARLEN,
+                   FUSE_Q, FUSE_K, PER_CHANNEL, False, PREC)
