@@ -146,7 +146,6 @@ def test_k_rstd_tile_huge_rows_finite():
     assert rel_rms(o, ro) < 1e-4 and rel_rms(fs, rf) < 1e-4, (rel_rms(o, ro), rel_rms(fs, rf))
 
 
-
 @pytest.mark.filterwarnings("ignore:overflow encountered", "ignore:invalid value encountered")
 @pytest.mark.parametrize("tile,blackwell", [(False, False), (True, False), (True, True)])
 def test_aqk_rare_call_varlen_gva(monkeypatch, tile, blackwell):

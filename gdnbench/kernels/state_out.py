@@ -104,9 +104,10 @@ def aqk_kernel(q, k, g_cs, aqk, c_q, ssq_k, rstd_k, k_q, cu_seqlens, chunk_indic
 
     The rare path (a chunk with a q row whose sum of squares reached SSQ_BIG, or under FUSE_K a k row
     whose did: under K_COLS its own sums, else gram_solve's ssq_k) redoes the chunk with q's rows normalized
-    on load, their rstd overflow-safe (under K_COLS in a call, _aqk_rare).  Below those bounds no raw product can overflow fp32 (|q . k| <= |q| |k| < 2^100;
-    fused_q's k has unit rows), so one test of the sums replaces a test of every product of the tile
-    (H200, the kernel alone at the fused entries' configs: 32K 136.9 -> 130.3 us, HV32 8K 38.2 -> 36.9).
+    on load, their rstd overflow-safe (under K_COLS in a call, _aqk_rare).  Below those bounds no raw product
+    can overflow fp32 (|q . k| <= |q| |k| < 2^100; fused_q's k has unit rows), so one test of the sums replaces
+    a test of every product of the tile (H200, the kernel alone at the fused entries' configs: 32K 136.9 ->
+    130.3 us, HV32 8K 38.2 -> 36.9).
 
     EARLY (KernelConfig.early_gates): the G value heads' gate rows are loaded once,
     before q k^T's products, and each head's column is taken from that tile; otherwise they are loaded after the
