@@ -100,6 +100,18 @@ def test_aqk_searches_when_it_loads_the_gates():
     assert "early_gates" not in dict(at_space.build_space("fused_out", 128, 128, "bfloat16", "gdn", "plain").dims)
 
 
+def test_gram_and_aqk_search_their_grid_order():
+    """gram and aqk search heads_first, from its default False (the order the entries before it ran); no other kernel
+    has it."""
+    for kernel, variants in (("gram", ("plain", "fuse_k")), ("aqk", ("plain", "fused_q", "fused_qk"))):
+        for variant in variants:
+            space = at_space.build_space(kernel, 128, 128, "bfloat16", "gdn", variant)
+            assert dict(space.dims)["heads_first"] == (False, True) and space.start["heads_first"] is False
+            assert space.is_valid({**space.start, "heads_first": True})
+    for kernel in ("wu", "fused_out", "state"):
+        assert "heads_first" not in dict(at_space.build_space(kernel, 128, 128, "bfloat16", "gdn", "plain").dims)
+
+
 def test_kda_space_tunes_kda_intra_block_and_prunes_with_gate_tiles():
     from gdnbench.kernels.config import SMEM_LIMIT_BYTES, KernelConfig, _smem_estimate
 

@@ -284,3 +284,33 @@ def test_aqk_early_gates_is_the_same_kernel(H, HV):
             assert (x is None and y is None) or torch.equal(x, y)
     with pytest.raises(ValueError, match="early_gates"):
         validate(GDNConfig(state_out=KernelConfig(BK=64, BV=32, early_gates=True)), 128, 128)
+
+
+@pytest.mark.parametrize("H,HV", [(2, 2), (2, 6)])
+def test_heads_first_is_the_same_kernel(H, HV):
+    """KernelConfig.heads_first (gram_solve's and aqk's grid ordered by head) changes which programs run together,
+    not what they write: g_cs, A, rstd_k, ssq_k and Aqk, c_q, k_q bitwise equal to the chunk-first grid, plain and
+    fused_qk, varlen with tails and an empty sequence, and a dense batch of two; other kernels may not set it."""
+    from gdnbench.kernels.config import validate
+
+    q, k, g, beta, info = _aqk_inputs(H, HV, 11)
+    dense = (q[:, :128].reshape(2, 64, H, 32), k[:, :128].reshape(2, 64, H, 32), g[:, :128].reshape(2, 64, HV),
+             beta[:, :128].reshape(2, 64, HV), None)
+    for q, k, g, beta, info in ((q, k, g, beta, info), dense):
+        outs = []
+        for first in (False, True):
+            config = forced(32, 16, torch.float32, gram=KernelConfig(BK=16, heads_first=first),
+                            aqk=KernelConfig(BK=16, heads_first=first))
+            run = dict(varlen=info, config=config)
+            g_cs, A, rstd_k, ssq_k = ops.gram_solve(k, g, beta, fuse_k=True, **run)
+            g_n, A_n, _, _ = ops.gram_solve(l2norm(k), g, beta, **run)
+            aqk, c_q, k_q = ops.chunk_aqk(q, k, g_cs, fuse_q=True, ssq_k=ssq_k, rstd_k=rstd_k, k_tile=True, **run)
+            written = [aqk] + [ops.pairs_by_token(x, q.shape[0], q.shape[1]) for x in (c_q, k_q)]
+            plain = ops.chunk_aqk(l2norm(q), l2norm(k), g_n, **run)[0]
+            outs.append([g_cs, A, rstd_k, ssq_k, g_n, A_n, *written, plain])
+        for x, y in zip(*outs):
+            assert torch.equal(x, y)
+    with pytest.raises(ValueError, match="heads_first"):
+        validate(GDNConfig(wu=KernelConfig(BK=64, BV=32, heads_first=True)), 128, 128)
+    first = KernelConfig(heads_first=True)  # past the grid's second axis the chunks keep the first one
+    assert ops._heads_first(first, ops.GRID_Y_MAX) and not ops._heads_first(first, ops.GRID_Y_MAX + 1)

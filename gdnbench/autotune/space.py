@@ -5,7 +5,8 @@ from 16 up to the head size rounded up to a power of two: larger blocks are clam
 kernel to the same code), num_warps 1..16, num_stages 1..4 (1 for l2norm, which has no loop)
 and maxnreg: None (the compiler's choice) plus caps 64, 72, .., 248 (every multiple of 8 that
 ptxas accepts between 64 and 255); fused_out also its segments per sequence (1, 2, 4, 8) and
-split_v (at 4 or 8 segments), early_beta and beta_ahead, and under fused_qk k_rstd_tile; aqk early_gates; kda16_prep
+split_v (at 4 or 8 segments), early_beta and beta_ahead, and under fused_qk k_rstd_tile; aqk early_gates; gram and aqk
+heads_first; kda16_prep
 also tf32_grams. Points that :func:`gdnbench.kernels.config.validate` (the same function the defaults pass)
 rejects - shared memory, block divisibility, register file - are pruned before anything runs. The other
 kernels keep the shape's default config.
@@ -57,7 +58,8 @@ def dimensions(kernel: str, K: int, V: int, variant: str = "plain") -> list[tupl
     # fused_out's beta load order first: one compile from the start point; faster at 5 of 8 shipped entries, slower at 1
     # (kernels/fused_fwd.py)
     first = {"fused_out": [("early_beta", (False, True)), ("beta_ahead", (False, True))],
-             "aqk": [("early_gates", (False, True))]}.get(kernel, [])
+             "aqk": [("early_gates", (False, True)), ("heads_first", (False, True))],
+             "gram": [("heads_first", (False, True))]}.get(kernel, [])
     if kernel == "fused_out" and variant == "fused_qk":
         # where k's rstd comes from: its own vector or aqk's tile (H200, the loop alone, kernels/fused_fwd.py: the
         # tile searched 803 us at h16_hv32_fixed32k against 893; at 2 stages it cost 192 -> 346 at h16_hv48_uniform)

@@ -64,6 +64,9 @@ class KernelConfig:
     # aqk only: the chunk's gate rows (and k's rstd for fused_out's k_rstd_tile) loaded before q k^T's products,
     # not after them (kernels/state_out.py)
     early_gates: bool = False
+    # gram and aqk only: their grid runs a chunk's key heads in a row (grid axis 0 the heads), not a head's chunks
+    # (kernels/intra.py, gram_solve_kernel)
+    heads_first: bool = False
 
 
 @dataclass(frozen=True)
@@ -277,12 +280,13 @@ def validate(config: GDNConfig, K: int, V: int, dtype_bytes: int = 2, family: st
         _check(config, K, V, dtype_bytes, family)
 
 
-# KernelConfig flags that one kernel's code reads: flag -> (that kernel, what it does)
+# KernelConfig flags that one or two kernels' code reads: flag -> (that kernel or those kernels, what they do)
 _ONE_KERNEL_FLAGS = {"tf32_grams": ("kda16_prep", "forms tile grams"),
                      "early_beta": ("fused_out", "has that load order"),
                      "beta_ahead": ("fused_out", "has that load order"),
                      "k_rstd_tile": ("fused_out", "reads k's rstd in a tile"),
-                     "early_gates": ("aqk", "has that load order")}
+                     "early_gates": ("aqk", "has that load order"),
+                     "heads_first": (("gram", "aqk"), "order their grid by head")}
 
 
 def _check(config: GDNConfig, K: int, V: int, dtype_bytes: int, family: str) -> None:
@@ -331,8 +335,9 @@ def _check(config: GDNConfig, K: int, V: int, dtype_bytes: int, family: str) -> 
             # in two segments none waits (the second one's warm-up reaches back to the sequence start)
             raise ValueError(f"config.{name}.split_v=True: only fused_out in 4 or 8 segments splits V")
         for field, (owner, what) in _ONE_KERNEL_FLAGS.items():
-            if name not in ("l2norm", owner) and getattr(c, field):
-                raise ValueError(f"config.{name}.{field}=True: only {owner} {what}")
+            owners = (owner,) if isinstance(owner, str) else owner
+            if name != "l2norm" and name not in owners and getattr(c, field):
+                raise ValueError(f"config.{name}.{field}=True: only {' and '.join(owners)} {what}")
         if name == "l2norm" and (c.BR < 1 or c.BR & (c.BR - 1)):
             raise ValueError(f"config.l2norm.BR={c.BR} must be a power of two")
         if c.num_warps not in _WARPS:

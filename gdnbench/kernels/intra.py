@@ -335,14 +335,24 @@ def gram_solve_kernel(
     H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, BK: tl.constexpr,
     BT: tl.constexpr, BC: tl.constexpr,
     IS_VARLEN: tl.constexpr, FUSE_K: tl.constexpr, PREC: tl.constexpr, SHARE: tl.constexpr,
+    HEADS_FIRST: tl.constexpr,
 ):
     """Grid (chunks, B*HV), or (chunks, B*H) with SHARE (one program per key head computes the gram
     once for its HV / H value heads).  Writes g_cs (chunk-local cumsum of g, times log2 e), A = (I + L)^-1,
     and, with FUSE_K, rstd_k = 1/||k_row|| and ssq_k, the largest sum of squares of each chunk's
     k rows ([chunks, H]), both computed here where k is first read.  FUSE_K's rare case (a sum of
     squares reached SSQ_BIG, rows of |x| ~ 1e15 and up) redoes the chunk overflow-safe in a call
-    (_gram_solve_rare)."""
-    i_c, i_bh = tl.program_id(0), tl.program_id(1)
+    (_gram_solve_rare).
+
+    HEADS_FIRST (KernelConfig.heads_first): the grid is (B*HV or B*H, chunks), so the programs launched in a row are
+    one chunk's heads, whose k rows (and fused_qk's rstd_k, [B,T,H]) lie together, not one head's chunks, H * K
+    elements apart.  H200, the kernel alone at the shipped entries, chunks first -> heads first (us):
+    h16_hv32_fixed32k 147.2 -> 140.7 (fused_qk 156.0 -> 144.9), HV64 67.6 -> 67.1 (70.0 -> 69.2), the other
+    shapes within 0.6 (fused_qk HV48 55.7 -> 54.3); so it is searched."""
+    if HEADS_FIRST:
+        i_c, i_bh = tl.program_id(1), tl.program_id(0)
+    else:
+        i_c, i_bh = tl.program_id(0), tl.program_id(1)
     if SHARE:
         i_b, i_h = i_bh // H, i_bh % H
         hv0 = i_h * (HV // H)

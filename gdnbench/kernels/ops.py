@@ -136,6 +136,15 @@ def _launch_fixed_up(kernel, grid, cfg, args, fixup_args, n_flags, fixup: bool, 
         _launch(kernel, (cdiv(n_flags, FLAG_BLOCK),), cfg, *args, *fixup_args, FIXUP=True, **kwargs)
 
 
+GRID_Y_MAX = 65535  # CUDA's limit on a grid's second axis
+
+
+def _heads_first(cfg: KernelConfig, n_chunks: int) -> bool:
+    """Whether a gram / aqk launch orders its grid by head (``cfg.heads_first``): the chunks then take the grid's
+    second axis, so more than GRID_Y_MAX of them keep the chunk-first order."""
+    return cfg.heads_first and n_chunks <= GRID_Y_MAX
+
+
 def _precision(dtype: torch.dtype) -> str:
     """Precision of the kernels' fp32 x fp32 dots.
 
@@ -228,10 +237,12 @@ def gram_solve(k, g, beta, *, varlen=None, fuse_k=False, config: GDNConfig = DEF
     ssq_k = torch.empty(B * n_grid, H, device=k.device, dtype=torch.float32) if fuse_k else None
     cfg = config.gram
     share = HV > H and B * n_grid * H >= GRAM_SHARE_MIN_PROGRAMS
-    _launch(gram_solve_kernel, (n_grid, B * (H if share else HV)), cfg,
+    grid = (n_grid, B * (H if share else HV))
+    first = _heads_first(cfg, n_grid)
+    _launch(gram_solve_kernel, grid[::-1] if first else grid, cfg,
             k, g, beta, g_cs, A, rstd_k, ssq_k, *_varlen_args(varlen), T, NT,
             H=H, HV=HV, K=K, BK=block(cfg.BK, K), BT=CHUNK_SIZE, BC=SUB_CHUNK, IS_VARLEN=varlen is not None,
-            FUSE_K=fuse_k, PREC=_precision(k.dtype), SHARE=share, hooks=on_launch)
+            FUSE_K=fuse_k, PREC=_precision(k.dtype), SHARE=share, HEADS_FIRST=first, hooks=on_launch)
     return g_cs, A, rstd_k, ssq_k
 
 
@@ -426,10 +437,12 @@ def chunk_aqk(q, k, g_cs, *, fuse_q=False, ssq_k=None, rstd_k=None, k_tile=False
     c_q = _pairs(B * T, H, HV, q.device) if fuse_q else None
     k_q = _pairs(B * T, H, HV, q.device) if k_tile else None
     cfg = config.aqk
-    _launch(aqk_kernel, (n_grid, B * H), cfg, q, k, g_cs, aqk, c_q, ssq_k, rstd_k, k_q, *_varlen_args(varlen), T,
+    first = _heads_first(cfg, n_grid)
+    grid = (B * H, n_grid) if first else (n_grid, B * H)
+    _launch(aqk_kernel, grid, cfg, q, k, g_cs, aqk, c_q, ssq_k, rstd_k, k_q, *_varlen_args(varlen), T,
             NT, H=H, HV=HV, K=K, BK=block(cfg.BK, K), BT=CHUNK_SIZE, IS_VARLEN=varlen is not None, FUSE_Q=fuse_q,
             FUSE_K=fuse_k, PREC=_precision(q.dtype), GP=next_pow2(HV // H), K_TILE=k_tile,
-            K_COLS=rstd_k is not None, EARLY=cfg.early_gates, hooks=on_launch)
+            K_COLS=rstd_k is not None, EARLY=cfg.early_gates, HEADS_FIRST=first, hooks=on_launch)
     return aqk, c_q, k_q
 
 

@@ -84,7 +84,8 @@ def _gate_rows(g_cs, tok0, i_h, rows, m_t, HV: tl.constexpr, G: tl.constexpr, GP
 def aqk_kernel(q, k, g_cs, aqk, c_q, ssq_k, rstd_k, k_q, cu_seqlens, chunk_indices, T, NT,
                H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, BK: tl.constexpr, BT: tl.constexpr,
                IS_VARLEN: tl.constexpr, FUSE_Q: tl.constexpr, FUSE_K: tl.constexpr, PREC: tl.constexpr,
-               GP: tl.constexpr, K_TILE: tl.constexpr, K_COLS: tl.constexpr, EARLY: tl.constexpr):
+               GP: tl.constexpr, K_TILE: tl.constexpr, K_COLS: tl.constexpr, EARLY: tl.constexpr,
+               HEADS_FIRST: tl.constexpr):
     """Grid (chunks, B*H): Aqk = causal(q k^T * exp2(c_i - c_j)) of one chunk for the HV / H value heads
     that share q head i_h.  q k^T (and under FUSE_Q q's rstd) is formed once per q head; only the gates
     differ between its value heads (H200, gdn-qwen6, against one program per value head at tuned
@@ -111,8 +112,16 @@ def aqk_kernel(q, k, g_cs, aqk, c_q, ssq_k, rstd_k, k_q, cu_seqlens, chunk_indic
 
     EARLY (KernelConfig.early_gates): the G value heads' gate rows are loaded once,
     before q k^T's products, and each head's column is taken from that tile; otherwise they are loaded after the
-    products, where the program waits on them (per head in the Aqk loop).  Same values either way: searched."""
-    i_c, i_bh = tl.program_id(0), tl.program_id(1)
+    products, where the program waits on them (per head in the Aqk loop).  Same values either way: searched.
+
+    HEADS_FIRST (KernelConfig.heads_first): grid (B*H, chunks), a chunk's q heads launched in a row, as in
+    gram_solve_kernel.  H200, aqk alone at the shipped entries (us): h16_hv32_fixed32k plain 105.6 -> 98.0, fused_q
+    114.3 -> 110.0, fused_qk 114.2 -> 111.0; HV64 42.0 -> 40.3, 41.1 -> 39.2, 42.8 -> 41.3; the other shapes
+    within 1.1; searched."""
+    if HEADS_FIRST:
+        i_c, i_bh = tl.program_id(1), tl.program_id(0)
+    else:
+        i_c, i_bh = tl.program_id(0), tl.program_id(1)
     i_b, i_h = i_bh // H, i_bh % H
     tok0, n_valid, i_g = chunk_coords(i_c, i_b, T, NT, cu_seqlens, chunk_indices, BT, IS_VARLEN)
     rows = tl.arange(0, BT)
