@@ -313,4 +313,6 @@ def test_heads_first_is_the_same_kernel(H, HV):
     with pytest.raises(ValueError, match="heads_first"):
         validate(GDNConfig(wu=KernelConfig(BK=64, BV=32, heads_first=True)), 128, 128)
     first = KernelConfig(heads_first=True)  # past the grid's second axis the chunks keep the first one
-    assert ops._heads_first(first, ops.GRID_Y_MAX) and not ops._heads_first(first, ops.GRID_Y_MAX + 1)
+    assert ops._chunk_head_grid(first, ops.GRID_Y_MAX, 4) == ((4, ops.GRID_Y_MAX), True)
+    assert ops._chunk_head_grid(first, ops.GRID_Y_MAX + 1, 4) == ((ops.GRID_Y_MAX + 1, 4), False)
+    assert ops._chunk_head_grid(KernelConfig(), 3, 4) == ((3, 4), False)

@@ -280,12 +280,12 @@ def validate(config: GDNConfig, K: int, V: int, dtype_bytes: int = 2, family: st
         _check(config, K, V, dtype_bytes, family)
 
 
-# KernelConfig flags that one or two kernels' code reads: flag -> (that kernel or those kernels, what they do)
-_ONE_KERNEL_FLAGS = {"tf32_grams": ("kda16_prep", "forms tile grams"),
-                     "early_beta": ("fused_out", "has that load order"),
-                     "beta_ahead": ("fused_out", "has that load order"),
-                     "k_rstd_tile": ("fused_out", "reads k's rstd in a tile"),
-                     "early_gates": ("aqk", "has that load order"),
+# KernelConfig flags that only some kernels' code reads: flag -> (those kernels, what they do)
+_OWNED_FLAGS = {"tf32_grams": (("kda16_prep",), "forms tile grams"),
+                     "early_beta": (("fused_out",), "has that load order"),
+                     "beta_ahead": (("fused_out",), "has that load order"),
+                     "k_rstd_tile": (("fused_out",), "reads k's rstd in a tile"),
+                     "early_gates": (("aqk",), "has that load order"),
                      "heads_first": (("gram", "aqk"), "order their grid by head")}
 
 
@@ -334,8 +334,7 @@ def _check(config: GDNConfig, K: int, V: int, dtype_bytes: int, family: str) -> 
         if name != "l2norm" and c.split_v and (name != "fused_out" or c.segments < 4):
             # in two segments none waits (the second one's warm-up reaches back to the sequence start)
             raise ValueError(f"config.{name}.split_v=True: only fused_out in 4 or 8 segments splits V")
-        for field, (owner, what) in _ONE_KERNEL_FLAGS.items():
-            owners = (owner,) if isinstance(owner, str) else owner
+        for field, (owners, what) in _OWNED_FLAGS.items():
             if name != "l2norm" and name not in owners and getattr(c, field):
                 raise ValueError(f"config.{name}.{field}=True: only {' and '.join(owners)} {what}")
         if name == "l2norm" and (c.BR < 1 or c.BR & (c.BR - 1)):

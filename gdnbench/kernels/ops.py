@@ -139,10 +139,12 @@ def _launch_fixed_up(kernel, grid, cfg, args, fixup_args, n_flags, fixup: bool, 
 GRID_Y_MAX = 65535  # CUDA's limit on a grid's second axis
 
 
-def _heads_first(cfg: KernelConfig, n_chunks: int) -> bool:
-    """Whether a gram / aqk launch orders its grid by head (``cfg.heads_first``): the chunks then take the grid's
-    second axis, so more than GRID_Y_MAX of them keep the chunk-first order."""
-    return cfg.heads_first and n_chunks <= GRID_Y_MAX
+def _chunk_head_grid(cfg: KernelConfig, n_chunks: int, n_heads: int) -> tuple[tuple[int, int], bool]:
+    """(grid, heads_first) of a gram / aqk launch: (heads, chunks) where ``cfg.heads_first`` asks for it, else
+    (chunks, heads).  Heads first, the chunks take the grid's second axis, so more than GRID_Y_MAX of them keep
+    the chunk-first order."""
+    first = cfg.heads_first and n_chunks <= GRID_Y_MAX
+    return ((n_heads, n_chunks) if first else (n_chunks, n_heads)), first
 
 
 def _precision(dtype: torch.dtype) -> str:
@@ -237,9 +239,8 @@ def gram_solve(k, g, beta, *, varlen=None, fuse_k=False, config: GDNConfig = DEF
     ssq_k = torch.empty(B * n_grid, H, device=k.device, dtype=torch.float32) if fuse_k else None
     cfg = config.gram
     share = HV > H and B * n_grid * H >= GRAM_SHARE_MIN_PROGRAMS
-    grid = (n_grid, B * (H if share else HV))
-    first = _heads_first(cfg, n_grid)
-    _launch(gram_solve_kernel, grid[::-1] if first else grid, cfg,
+    grid, first = _chunk_head_grid(cfg, n_grid, B * (H if share else HV))
+    _launch(gram_solve_kernel, grid, cfg,
             k, g, beta, g_cs, A, rstd_k, ssq_k, *_varlen_args(varlen), T, NT,
             H=H, HV=HV, K=K, BK=block(cfg.BK, K), BT=CHUNK_SIZE, BC=SUB_CHUNK, IS_VARLEN=varlen is not None,
             FUSE_K=fuse_k, PREC=_precision(k.dtype), SHARE=share, HEADS_FIRST=first, hooks=on_launch)
@@ -437,8 +438,7 @@ def chunk_aqk(q, k, g_cs, *, fuse_q=False, ssq_k=None, rstd_k=None, k_tile=False
     c_q = _pairs(B * T, H, HV, q.device) if fuse_q else None
     k_q = _pairs(B * T, H, HV, q.device) if k_tile else None
     cfg = config.aqk
-    first = _heads_first(cfg, n_grid)
-    grid = (B * H, n_grid) if first else (n_grid, B * H)
+    grid, first = _chunk_head_grid(cfg, n_grid, B * H)
     _launch(aqk_kernel, grid, cfg, q, k, g_cs, aqk, c_q, ssq_k, rstd_k, k_q, *_varlen_args(varlen), T,
             NT, H=H, HV=HV, K=K, BK=block(cfg.BK, K), BT=CHUNK_SIZE, IS_VARLEN=varlen is not None, FUSE_Q=fuse_q,
             FUSE_K=fuse_k, PREC=_precision(q.dtype), GP=next_pow2(HV // H), K_TILE=k_tile,
