@@ -62,11 +62,13 @@ def test_entries_not_on_the_old_hash_or_triton_are_skipped_without_compiling(e, 
 
 def test_normalized_code_drops_line_info_but_keeps_instructions():
     ptx = "\t.loc\t1 {} 5\n\tadd.s32 \t%r1, %r2, %r3;\n$L__tmp{}:\n\t.section\t.debug_info\n{{ {} }}"
-    sass = "\tFunction : k\n        /*0000*/                   IMAD R1, R2, R3 ;  /* 0x0 */\n"
+    sass = ("\tFunction : k\n        /*0000*/                   IMAD R1, R2, R3 ;  /* 0x0 */\n"
+            "        /*10930*/                  RET.REL.NODEC R2 0x0 ;  /* 0x0 */\n")
     a = rekey.normalized_code(ptx.format(10, 1, "x"), sass)
     assert a == rekey.normalized_code(ptx.format(12, 4, "y"), sass)
     assert a != rekey.normalized_code(ptx.format(10, 1, "x").replace("add", "sub"), sass)
     assert a != rekey.normalized_code(ptx.format(10, 1, "x"), sass.replace("R3", "R4"))
+    assert a != rekey.normalized_code(ptx.format(10, 1, "x"), sass.replace("R2 0x0", "R4 0x0"))  # past 0xffff
 
 
 def test_an_old_tree_without_gdnbench_is_refused(tmp_path, capsys):

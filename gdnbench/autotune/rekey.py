@@ -98,7 +98,7 @@ def normalized_code(ptx: str, sass: str) -> str:
     body = ptx.split("\t.section\t.debug", 1)[0]
     keep = [ln for ln in body.splitlines()
             if not re.match(r"\s*(\.loc|\.file|\$L__(tmp|func_begin|func_end)\d+:)", ln)]
-    instructions = [ln.strip() for ln in sass.splitlines() if re.match(r"\s*/\*[0-9a-f]{4}\*/", ln)]
+    instructions = [ln.strip() for ln in sass.splitlines() if re.match(r"\s*/\*[0-9a-f]{4,}\*/", ln)]
     return "\n".join(keep) + "\0" + "\n".join(instructions)
 
 
