@@ -193,10 +193,10 @@ def _store_lower(ab, r0, r1, r2, r3, m0, m1, m2, m3, x00, x10, x11, x20, x21, x2
 
 
 @triton.jit
-def _gram_solve(k, g, beta, g_cs, A, rstd_k, ssq_k, kn, tok0, n_valid, i_g, i_h, hv0,
+def _gram_solve(k, g, beta, g_cs, A, rstd_k, ssq_k, tok0, n_valid, i_g, i_h, hv0,
                 H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, BK: tl.constexpr,
                 BT: tl.constexpr, BC: tl.constexpr, FUSE_K: tl.constexpr, RARE: tl.constexpr, PREC: tl.constexpr,
-                N_HV: tl.constexpr, KN: tl.constexpr):
+                N_HV: tl.constexpr):
     """One chunk of key head i_h: the gram once, then gate, solve and store for value heads hv0 .. hv0 + N_HV."""
     o = tl.arange(0, BC)  # rows of sub-block j are j*BC + o within the chunk
     r0 = o
@@ -217,8 +217,8 @@ def _gram_solve(k, g, beta, g_cs, A, rstd_k, ssq_k, kn, tok0, n_valid, i_g, i_h,
         n3 = _rows_rstd(kb, r3, m3, K, H * K, BK)
         g00, g10, g11, g20, g21, g22, g30, g31, g32, g33 = _gram_blocks(
             kb, r0, r1, r2, r3, m0, m1, m2, m3, n0, n1, n2, n3, H * K, K, BK, BC, True, PREC)
-        _rstd_and_solves(k, kn, g, beta, g_cs, A, rstd_k, tok0, i_h, hv0, g00, g10, g11, g20, g21, g22, g30, g31, g32, g33,
-                         n0, n1, n2, n3, r0, r1, r2, r3, m0, m1, m2, m3, o, H, HV, K, BK, BT, BC, True, PREC, N_HV, KN)
+        _rstd_and_solves(g, beta, g_cs, A, rstd_k, tok0, i_h, hv0, g00, g10, g11, g20, g21, g22, g30, g31, g32, g33,
+                         n0, n1, n2, n3, r0, r1, r2, r3, m0, m1, m2, m3, o, H, HV, BT, BC, True, PREC, N_HV)
     else:
         one = tl.full([BC], 1.0, dtype=tl.float32)
         g00, g10, g11, g20, g21, g22, g30, g31, g32, g33 = _gram_blocks(
@@ -235,8 +235,8 @@ def _gram_solve(k, g, beta, g_cs, A, rstd_k, ssq_k, kn, tok0, n_valid, i_g, i_h,
                 tl.store(ssq_k + i_g * H + i_h, sm)
             if sm >= SSQ_BIG:
                 # BK 16: the call's own shared memory stays within the main path's
-                _gram_solve_rare(k, g, beta, g_cs, A, rstd_k, ssq_k, kn, tok0, n_valid, i_g, i_h, hv0,
-                                 H, HV, K, 16, BT, BC, PREC, N_HV, KN)
+                _gram_solve_rare(k, g, beta, g_cs, A, rstd_k, ssq_k, tok0, n_valid, i_g, i_h, hv0,
+                                 H, HV, K, 16, BT, BC, PREC, N_HV)
             else:
                 n0 = 1.0 / tl.sqrt(s0 + L2_EPS)
                 n1 = 1.0 / tl.sqrt(s1 + L2_EPS)
@@ -244,37 +244,34 @@ def _gram_solve(k, g, beta, g_cs, A, rstd_k, ssq_k, kn, tok0, n_valid, i_g, i_h,
                 n3 = 1.0 / tl.sqrt(s3 + L2_EPS)
                 g00, g10, g11, g20, g21, g22, g30, g31, g32, g33 = _scale_blocks(
                     g00, g10, g11, g20, g21, g22, g30, g31, g32, g33, n0, n1, n2, n3, n0, n1, n2, n3)
-                _rstd_and_solves(k, kn, g, beta, g_cs, A, rstd_k, tok0, i_h, hv0,
+                _rstd_and_solves(g, beta, g_cs, A, rstd_k, tok0, i_h, hv0,
                                  g00, g10, g11, g20, g21, g22, g30, g31, g32, g33, n0, n1, n2, n3,
-                                 r0, r1, r2, r3, m0, m1, m2, m3, o, H, HV, K, BK, BT, BC, True, PREC, N_HV, KN)
+                                 r0, r1, r2, r3, m0, m1, m2, m3, o, H, HV, BT, BC, True, PREC, N_HV)
         else:
-            _rstd_and_solves(k, kn, g, beta, g_cs, A, rstd_k, tok0, i_h, hv0, g00, g10, g11, g20, g21, g22, g30, g31, g32, g33,
-                             one, one, one, one, r0, r1, r2, r3, m0, m1, m2, m3, o, H, HV, K, BK, BT, BC, False, PREC, N_HV, KN)
+            _rstd_and_solves(g, beta, g_cs, A, rstd_k, tok0, i_h, hv0, g00, g10, g11, g20, g21, g22, g30, g31, g32, g33,
+                             one, one, one, one, r0, r1, r2, r3, m0, m1, m2, m3, o, H, HV, BT, BC, False, PREC, N_HV)
 
 
 @triton.jit(noinline=True)
-def _gram_solve_rare(k, g, beta, g_cs, A, rstd_k, ssq_k, kn, tok0, n_valid, i_g, i_h, hv0, H: tl.constexpr,
+def _gram_solve_rare(k, g, beta, g_cs, A, rstd_k, ssq_k, tok0, n_valid, i_g, i_h, hv0, H: tl.constexpr,
                      HV: tl.constexpr, K: tl.constexpr, BK: tl.constexpr, BT: tl.constexpr, BC: tl.constexpr,
-                     PREC: tl.constexpr, N_HV: tl.constexpr, KN: tl.constexpr):
+                     PREC: tl.constexpr, N_HV: tl.constexpr):
     """_gram_solve's rare path (FUSE_K, a chunk with a k row whose sum of squares reached SSQ_BIG) as a call,
     not inlined: its registers and stack are its own, so the main path keeps its allocation.  H200, gram alone
     at the shipped fused_qk entries against the main launch plus the fix-up launch this replaced, µs:
     h16_hv32_fixed8k 44.8 -> 42.8, h4_hv8_mixed 16.8-18.7 -> 15.2-15.8, h2_hv8_serving 16.8-17.7 -> 15.6-17.2,
     32K within 1; HV48 and HV64 +0.6 and +1.5 at register caps searched for the launch form.  The same path
     inlined (a branch in the main program) cost 44.6 -> 49.5 at HV32 8K and 72.1 -> 76.4 at HV64."""
-    _gram_solve(k, g, beta, g_cs, A, rstd_k, ssq_k, kn, tok0, n_valid, i_g, i_h, hv0, H, HV, K, BK, BT, BC, True, True,
-                PREC, N_HV, KN)
+    _gram_solve(k, g, beta, g_cs, A, rstd_k, ssq_k, tok0, n_valid, i_g, i_h, hv0, H, HV, K, BK, BT, BC, True, True,
+                PREC, N_HV)
 
 
 @triton.jit
-def _rstd_and_solves(k, kn, g, beta, g_cs, A, rstd_k, tok0, i_h, hv0, g00, g10, g11, g20, g21, g22, g30, g31, g32, g33,
+def _rstd_and_solves(g, beta, g_cs, A, rstd_k, tok0, i_h, hv0, g00, g10, g11, g20, g21, g22, g30, g31, g32, g33,
                      n0, n1, n2, n3, r0, r1, r2, r3, m0, m1, m2, m3, o, H: tl.constexpr, HV: tl.constexpr,
-                     K: tl.constexpr, BK: tl.constexpr, BT: tl.constexpr, BC: tl.constexpr, FUSE_K: tl.constexpr,
-                     PREC: tl.constexpr, N_HV: tl.constexpr, KN: tl.constexpr):
+                     BT: tl.constexpr, BC: tl.constexpr, FUSE_K: tl.constexpr, PREC: tl.constexpr,
+                     N_HV: tl.constexpr):
     """k's rstd n0..n3 stored (FUSE_K, one writer per key head), then gate, solve and store per value head."""
-    if FUSE_K and KN == 1:
-        if hv0 % (HV // H) == 0:
-            _store_kn(k, kn, tok0, i_h, r0, r1, r2, r3, m0, m1, m2, m3, n0, n1, n2, n3, H, K, BK)
     if FUSE_K:
         if hv0 % (HV // H) == 0:
             rb = rstd_k + tok0 * H + i_h
@@ -285,30 +282,6 @@ def _rstd_and_solves(k, kn, g, beta, g_cs, A, rstd_k, tok0, i_h, hv0, g00, g10, 
     for r in range(N_HV):
         _gate_solve_store(g, beta, g_cs, A, tok0, hv0 + r, g00, g10, g11, g20, g21, g22, g30, g31, g32, g33,
                           r0, r1, r2, r3, m0, m1, m2, m3, o, HV, BT, BC, PREC)
-    if FUSE_K and KN == 2:
-        if hv0 % (HV // H) == 0:
-            _store_kn(k, kn, tok0, i_h, r0, r1, r2, r3, m0, m1, m2, m3, n0, n1, n2, n3, H, K, BK)
-
-
-@triton.jit
-def _store_kn(k, kn, tok0, i_h, r0, r1, r2, r3, m0, m1, m2, m3, n0, n1, n2, n3, H: tl.constexpr, K: tl.constexpr,
-              BK: tl.constexpr):
-    """k's rows times their rstd, written to kn (k's layout)."""
-    kb = k + tok0 * (H * K) + i_h * K
-    nb = kn + tok0 * (H * K) + i_h * K
-    for i_k in range(tl.cdiv(K, BK)):
-        o_k = i_k * BK + tl.arange(0, BK)
-        _scaled_rows(kb, nb, r0, m0, n0, o_k, K, H * K)
-        _scaled_rows(kb, nb, r1, m1, n1, o_k, K, H * K)
-        _scaled_rows(kb, nb, r2, m2, n2, o_k, K, H * K)
-        _scaled_rows(kb, nb, r3, m3, n3, o_k, K, H * K)
-
-
-@triton.jit
-def _scaled_rows(kb, nb, rows, m_t, n, o_k, K: tl.constexpr, stride):
-    x = _load_rows(kb, rows, m_t, o_k, K, stride)
-    tl.store(nb + rows[:, None] * stride + o_k[None, :], (x.to(tl.float32) * n[:, None]).to(x.dtype),
-             mask=m_t[:, None] & (o_k < K)[None, :])
 
 
 @triton.jit
@@ -358,11 +331,11 @@ def _gate_solve_store(g, beta, g_cs, A, tok0, i_hv, g00, g10, g11, g20, g21, g22
 
 @triton.jit(do_not_specialize=["T", "NT"])
 def gram_solve_kernel(
-    k, g, beta, g_cs, A, rstd_k, ssq_k, kn, cu_seqlens, chunk_indices, T, NT,
+    k, g, beta, g_cs, A, rstd_k, ssq_k, cu_seqlens, chunk_indices, T, NT,
     H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, BK: tl.constexpr,
     BT: tl.constexpr, BC: tl.constexpr,
     IS_VARLEN: tl.constexpr, FUSE_K: tl.constexpr, PREC: tl.constexpr, SHARE: tl.constexpr,
-    HEADS_FIRST: tl.constexpr, KN: tl.constexpr,
+    HEADS_FIRST: tl.constexpr,
 ):
     """Grid (chunks, B*HV), or (chunks, B*H) with SHARE (one program per key head computes the gram
     once for its HV / H value heads).  Writes g_cs (chunk-local cumsum of g, times log2 e), A = (I + L)^-1,
@@ -387,8 +360,8 @@ def gram_solve_kernel(
         i_b, hv0 = i_bh // HV, i_bh % HV
         i_h = hv0 // (HV // H)
     tok0, n_valid, i_g = chunk_coords(i_c, i_b, T, NT, cu_seqlens, chunk_indices, BT, IS_VARLEN)
-    _gram_solve(k, g, beta, g_cs, A, rstd_k, ssq_k, kn, tok0, n_valid, i_g, i_h, hv0,
-                H, HV, K, BK, BT, BC, FUSE_K, False, PREC, HV // H if SHARE else 1, KN)
+    _gram_solve(k, g, beta, g_cs, A, rstd_k, ssq_k, tok0, n_valid, i_g, i_h, hv0,
+                H, HV, K, BK, BT, BC, FUSE_K, False, PREC, HV // H if SHARE else 1)
 
 
 @triton.jit(do_not_specialize=["T", "NT"])

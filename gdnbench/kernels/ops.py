@@ -237,17 +237,13 @@ def gram_solve(k, g, beta, *, varlen=None, fuse_k=False, config: GDNConfig = DEF
     A = torch.empty(B, T, HV, CHUNK_SIZE, device=k.device, dtype=k.dtype)
     rstd_k = torch.empty(B, T, H, device=k.device, dtype=torch.float32) if fuse_k else None
     ssq_k = torch.empty(B * n_grid, H, device=k.device, dtype=torch.float32) if fuse_k else None
-    kn_at = int(os.environ.get("GDNBENCH_PROBE_KN", "0")) if fuse_k else 0
-    kn = torch.empty_like(k) if kn_at else None
     cfg = config.gram
     share = HV > H and B * n_grid * H >= GRAM_SHARE_MIN_PROGRAMS
     grid, first = _chunk_head_grid(cfg, n_grid, B * (H if share else HV))
     _launch(gram_solve_kernel, grid, cfg,
-            k, g, beta, g_cs, A, rstd_k, ssq_k, kn, *_varlen_args(varlen), T, NT,
+            k, g, beta, g_cs, A, rstd_k, ssq_k, *_varlen_args(varlen), T, NT,
             H=H, HV=HV, K=K, BK=block(cfg.BK, K), BT=CHUNK_SIZE, BC=SUB_CHUNK, IS_VARLEN=varlen is not None,
-            FUSE_K=fuse_k, PREC=_precision(k.dtype), SHARE=share, HEADS_FIRST=first, KN=kn_at, hooks=on_launch)
-    if kn_at:
-        gram_solve.kn = kn
+            FUSE_K=fuse_k, PREC=_precision(k.dtype), SHARE=share, HEADS_FIRST=first, hooks=on_launch)
     return g_cs, A, rstd_k, ssq_k
 
 
