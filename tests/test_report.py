@@ -237,3 +237,21 @@ def test_fusion_table_puts_each_fused_route_against_explicit_less_the_norm_it_dr
     assert t.notes == ["b: gdnbench:fused_qk left out (gdnbench:fused_qk incorrect)"]
     assert rep.fusion_table(doc([e])) is None
     assert any(x.title.startswith("fused routes against") for x in rep.report_tables(doc([e, q, qk])))
+
+
+def test_fusion_table_takes_the_floor_from_flag_where_the_run_has_no_explicit_row():
+    f = row("a", "gdnbench", "flag", 200, 100)
+    f["kernels_us"] = {"loop": 60.0, "l2norm_kernel": 20.0, "gram": 20.0}
+    qk = row("a", "gdnbench", "fused_qk", 200, 100)
+    qk["kernels_us"] = {"loop": 64.0, "gram": 24.0}
+    e = row("b", "gdnbench", "explicit", status="incorrect", reason="err 0.3")
+    f_b = row("b", "gdnbench", "flag", 200, 100)
+    f_b["kernels_us"] = dict(f["kernels_us"])
+    qk_b = row("b", "gdnbench", "fused_qk", 200, 100)
+    qk_b["kernels_us"] = dict(qk["kernels_us"])
+    t = rep.fusion_table(doc([f, qk, e, f_b, qk_b]))
+    assert t.rows[0][1:] == ["gdnbench:fused_qk", "88.0", "80.0", "1.100"]
+    # an explicit row that failed keeps its shape out: flag stands in only where explicit is absent
+    assert t.notes == ["b: gdnbench:fused_qk left out (gdnbench:explicit incorrect)",
+                       "floor from gdnbench:flag on 1/2 shapes (no explicit row)"]
+    assert rep.fusion_table(doc([qk])) is None  # no floor row at all

@@ -312,31 +312,39 @@ def _norm_us(split) -> float:
     return sum(t for n, t in split.items() if NORM_KERNEL_MARK in n)
 
 
-def _left_out(fused: Row, explicit: Row | None) -> str:
-    """Why a fused row cannot be set against its explicit row ('' when it can)."""
-    for x in (fused, explicit):
+def _left_out(fused: Row, base: Row | None) -> str:
+    """Why a fused row cannot be set against its floor's row ``base``, explicit's or flag's ('' when it can)."""
+    for x in (fused, base):
         if x is not None and x.status != "ok":
             return f"{x.spec} {x.status}"
-    if explicit is None:
-        return "no explicit row"
-    for x in (fused, explicit):
+    if base is None:
+        return "no explicit or flag row"
+    for x in (fused, base):
         if not x.kernels_us:
             return f"{x.spec} has no kernel split"
     return ""
 
 
+# the route a fused route's floor is taken from, in order: our backends' flag runs the same kernels as explicit, its
+# norm pass inside the op instead of before it (a run of flag and fused_qk alone has no explicit row)
+FLOOR_ROUTES = ("explicit", "flag")
+
+
 def fusion_table(doc: RunDocument, mode: str = "fwd") -> Table | None:
-    """Each fused route against its zero-cost floor: the explicit route's kernels less the norm launches the fused
-    route no longer makes (explicit's norm time less the route's own), from the same run's profiler splits.
-    A ratio of 1 means folding the norm in cost nothing beyond the pass it removed. None without such pairs."""
+    """Each fused route against its zero-cost floor: the explicit route's kernels (flag's where the run has no
+    explicit row) less the norm launches the fused route no longer makes (that route's norm time less the fused
+    route's own), from the same run's profiler splits. A ratio of 1 means folding the norm in cost nothing beyond
+    the pass it removed. None without such pairs."""
     idx = index_rows(doc, mode)
     shapes = shape_ids(doc)
     order = {s: i for i, s in enumerate(shapes)}
-    rows, notes, ratios = [], [], {}
+    rows, notes, ratios, stand_ins = [], [], {}, {}
     for (s, backend, route), r in sorted(idx.items(), key=lambda item: order[item[0][0]]):
         if route not in FUSED_ROUTES or r.status == "skipped":
             continue
-        e = idx.get((s, backend, "explicit"))
+        e = next((idx[k] for k in ((s, backend, f) for f in FLOOR_ROUTES) if k in idx), None)
+        if e is not None and e.route != FLOOR_ROUTES[0]:
+            stand_ins.setdefault(e.spec, set()).add(s)
         why = _left_out(r, e)
         if why:
             notes.append(f"{s}: {r.spec} left out ({why})")
@@ -350,9 +358,11 @@ def fusion_table(doc: RunDocument, mode: str = "fwd") -> Table | None:
     for spec, xs in ratios.items():
         g = math.exp(sum(map(math.log, xs)) / len(xs))
         rows.append([f"geomean ({len(xs)}/{len(shapes)})", spec, "", "", f"{g:.3f}"])
-    return Table("fused routes against their zero-cost floor (explicit's kernels less the norm launches the route "
-                 "drops; profiler µs per call)", ["shape", "backend:route", "route µs", "floor µs", "route / floor"],
-                 rows, notes)
+    notes += [f"floor from {spec} on {len(ss)}/{len(shapes)} shapes (no {FLOOR_ROUTES[0]} row)"
+              for spec, ss in stand_ins.items()]
+    return Table("fused routes against their zero-cost floor (explicit's kernels, or flag's, less the norm launches "
+                 "the route drops; profiler µs per call)",
+                 ["shape", "backend:route", "route µs", "floor µs", "route / floor"], rows, notes)
 
 
 def _figure(row: Row, name: str):
