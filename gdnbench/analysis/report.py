@@ -342,7 +342,7 @@ def fusion_table(doc: RunDocument, mode: str = "fwd") -> Table | None:
     for (s, backend, route), r in sorted(idx.items(), key=lambda item: order[item[0][0]]):
         if route not in FUSED_ROUTES or r.status == "skipped":
             continue
-        e = next((idx[k] for k in ((s, backend, f) for f in FLOOR_ROUTES) if k in idx), None)
+        e = next((idx[(s, backend, f)] for f in FLOOR_ROUTES if (s, backend, f) in idx), None)
         if e is not None and e.route != FLOOR_ROUTES[0]:
             stand_ins.setdefault(e.spec, set()).add(s)
         why = _left_out(r, e)

@@ -282,11 +282,11 @@ def validate(config: GDNConfig, K: int, V: int, dtype_bytes: int = 2, family: st
 
 # KernelConfig flags that only some kernels' code reads: flag -> (those kernels, what they do)
 _OWNED_FLAGS = {"tf32_grams": (("kda16_prep",), "forms tile grams"),
-                     "early_beta": (("fused_out",), "has that load order"),
-                     "beta_ahead": (("fused_out",), "has that load order"),
-                     "k_rstd_tile": (("fused_out",), "reads k's rstd in a tile"),
-                     "early_gates": (("aqk",), "has that load order"),
-                     "heads_first": (("gram", "aqk"), "order their grid by head")}
+                "early_beta": (("fused_out",), "has that load order"),
+                "beta_ahead": (("fused_out",), "has that load order"),
+                "k_rstd_tile": (("fused_out",), "reads k's rstd in a tile"),
+                "early_gates": (("aqk",), "has that load order"),
+                "heads_first": (("gram", "aqk"), "order their grid by head")}
 
 
 def _check(config: GDNConfig, K: int, V: int, dtype_bytes: int, family: str) -> None:
