@@ -197,10 +197,10 @@ SEED_KERNELS = {"output": ("output", "output_fused"), "output_fused": ("output_f
 
 # measured starting points a coordinate descent from the seeds above does not reach: the loop in segments pays
 # at BV 64 with 64-row pieces and 2 stages, a point far from one segment's best (H200, strong gates, the loop
-# alone, results/nvidia-h200/segments_probe.md: HV32 8K 399.6 us there as one segment, 137.1 in four; at BV 32,
+# alone: HV32 8K 399.6 us there as one segment, 137.1 in four; at BV 32,
 # 128-row pieces, 3 stages 315.7 and 257.7 in two; HV32 32K 1597.8 -> 533.3 in four); and the same with split_v,
 # which long-memory heads need to gain from segments (HV32 8K long gates, 4 segments: 418.8 us handing states
-# over, 332.7 split, results/nvidia-h200/segments_vsplit_probe.md)
+# over, 332.7 split)
 _SEGMENTED = tuple({"BK": 64, "BV": 64, "num_warps": 4, "num_stages": 2, "segments": s} for s in (4, 2))
 START_POINTS = {"fused_out": _SEGMENTED + tuple(dict(p, split_v=True) for p in _SEGMENTED)}
 

@@ -17,8 +17,7 @@ Its l2norm pass (route flag) is a torch.compile'd function over rows marked dyna
 Inductor picks at the first call in a process serves every later size.  H200, [8192 x 16, 128] bf16, kernel
 time per call: 80.2 us where the first call had that size (or 64 x 16 rows), 18.4 where it had 32768 x 16
 rows (then 66.3 at that size against 316.6).  So before its first flag call in a process the adapter calls
-the pass once on PRIME_ROWS rows (and its backward, in fwd_bwd), and each leader runs at its best
-(results/nvidia-h200/flashqla_l2norm_probe.md).
+the pass once on PRIME_ROWS rows (and its backward, in fwd_bwd), and each leader runs at its best.
 """
 
 from __future__ import annotations

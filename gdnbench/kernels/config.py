@@ -157,7 +157,7 @@ def block(b: int, dim: int) -> int:
 
 def split_width(BV: int, segments: int) -> int:
     """Columns per program of a V-split head (KernelConfig.split_v): the V slab shared by the segment programs,
-    at least 32 (the width measured in results/nvidia-h200/segments_vsplit_probe.md), at most the slab."""
+    at least 32 (the narrowest slab measured on the H200), at most the slab."""
     return min(BV, max(BV // segments, 32))
 
 

@@ -14,7 +14,7 @@ repeat a [64, 64] x [64, K] product per slab (four times at BV 32), and owning t
 FlashQLA does) keeps a [K, V] fp32 state in registers (128 per thread at 4 warps for K = V = 128; offline,
 sm_90, Triton 3.6: 136 B of stack at 8 warps, 840 at 16) and leaves 4 x fewer programs than state_out has
 (h16_hv32_fixed8k: 32 programs for 132 SMs).  BV 32 at 4 warps and 3 stages: 152-174 registers, no stack,
-160 KB of shared memory (results/offline-sm90/in_loop_sweep.md).
+160 KB of shared memory.
 
 IN_LOOP_AQK: the chunk's gated causal q k^T is accumulated from the q and k tiles the loop loads for q h
 and k h, so aqk_kernel goes too (one [64, K] x [K, 64] product per chunk and V slab, repeated per slab).
@@ -58,7 +58,7 @@ programs of 512 chunks each on 132 SMs at BV 64).  A segment needs the state ent
   segment programs of a V slab take split_width columns each (those past the slab idle) and each walks the
   whole sequence from the initial state: exact, no program waits, and the head keeps the parallelism of the
   segments at narrower slabs (H200, HV32 8K long-memory gates, BV 64, 4 segments: 418.8 us handing over,
-  332.7 split; results/nvidia-h200/segments_vsplit_probe.md).
+  332.7 split).
 
 H200, this kernel alone, explicit route, BV 64, 64-row pieces, 2 stages: HV32 8K 399.6 us as one segment,
 137.1 in four on strong gates, 414.2 on long-memory gates (its never-forgetting heads wait and run in series

@@ -422,7 +422,7 @@ def chunk_aqk(q, k, g_cs, *, fuse_q=False, ssq_k=None, rstd_k=None, k_tile=False
     head's chunks apart (H200, aqk alone at the tuned fused_qk configs, CUDA graphs, µs,
     [B,T,HV,2] -> this layout): fused_q 119.7 -> 111.5 and fused_qk with k_q 151.4 -> 128.3 at
     h16_hv32_fixed32k, within 1 at HV32 8K and HV48; at HV64 (G = 4, whose rows were whole 32-byte sectors)
-    fused_q 41.3 -> 43.3, its c_q tile stored as 64-bit pieces, not 128 (results/nvidia-h200/pair_layout_probe.md)."""
+    fused_q 41.3 -> 43.3, its c_q tile stored as 64-bit pieces, not 128."""
     B, T, H, K = q.shape
     HV = g_cs.shape[2]
     n_grid, NT = _chunk_grid(B, T, varlen)
