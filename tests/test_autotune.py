@@ -17,6 +17,7 @@ from gdnbench.autotune import bench as at_bench, dist as at_dist, plan as at_pla
 from gdnbench.bench import worker as at_worker
 from gdnbench.data import shapes as shp
 from gdnbench.kernels import cache_key, tuned
+from gdnbench.vocab import ROUTES
 
 
 def _shape(**kw):
@@ -130,7 +131,7 @@ def test_kda_space_tunes_kda_intra_block_and_prunes_with_gate_tiles():
 
 
 def test_kda_tasks_per_route():
-    tasks = at_plan.plan_tasks(list(at_space.ROUTES), list(at_space.KERNELS), "kda")
+    tasks = at_plan.plan_tasks(list(ROUTES), list(at_space.KERNELS), "kda")
     assert [(t.kernel, t.variant, t.route) for t in tasks] == [
         ("l2norm", "plain", "flag"), ("kda_intra", "plain", "flag"), ("wu", "plain", "flag"),
         ("state", "plain", "flag"), ("output", "plain", "flag"), ("kda_state_out", "plain", "flag"),
@@ -146,12 +147,12 @@ def test_kda_tasks_per_route():
     assert tuned.variant_of("output_fused", "fused_qk") == "fused_qk"
     assert tuned.variant_of("state_out", "fused_qk") == tuned.variant_of("state_out", "fused_q") == "fused_q"
     # aqk bounds raw k's products under fused_qk (FUSE_K): its own specialization
-    assert [tuned.variant_of("aqk", r) for r in tuned.ROUTES] == ["plain", "plain", "fused_q", "fused_qk"]
+    assert [tuned.variant_of("aqk", r) for r in ROUTES] == ["plain", "plain", "fused_q", "fused_qk"]
     # the in-loop form's loop: FUSE_Q under both fused routes, FUSE_K under fused_qk too
-    assert [tuned.variant_of("fused_out", r) for r in tuned.ROUTES] == ["plain", "plain", "fused_q", "fused_qk"]
+    assert [tuned.variant_of("fused_out", r) for r in ROUTES] == ["plain", "plain", "fused_q", "fused_qk"]
     # KDA's 16-token form: the prepare kernel's NORM_Q / NORM_K per route, its loop the same on every route
-    assert [tuned.variant_of("kda16_prep", r, "kda") for r in tuned.ROUTES] == ["plain", "plain", "fused_q", "fused_qk"]
-    assert {tuned.variant_of("kda16_loop", r, "kda") for r in tuned.ROUTES} == {"plain"}
+    assert [tuned.variant_of("kda16_prep", r, "kda") for r in ROUTES] == ["plain", "plain", "fused_q", "fused_qk"]
+    assert {tuned.variant_of("kda16_loop", r, "kda") for r in ROUTES} == {"plain"}
     assert at_plan.plan_tasks(["fused_qk"], ["gram"], "kda") == [] and at_plan.plan_tasks(["flag"], ["kda_intra"]) == []
 
 
@@ -160,10 +161,10 @@ def test_plan_tasks_dedupes_specializations():
     assert [t.kernel for t in tasks] == ["l2norm", "gram", "wu", "state", "output", "aqk", "state_out", "fused_out"]
     assert [(t.kernel, t.variant, t.route) for t in at_plan.plan_tasks(["fused_q", "fused_qk"], ["aqk", "state_out"])] == [
         ("aqk", "fused_q", "fused_q"), ("state_out", "fused_q", "fused_q"), ("aqk", "fused_qk", "fused_qk")]
-    assert [(t.kernel, t.variant, t.route) for t in at_plan.plan_tasks(list(at_space.ROUTES), ["fused_out"])] == [
+    assert [(t.kernel, t.variant, t.route) for t in at_plan.plan_tasks(list(ROUTES), ["fused_out"])] == [
         ("fused_out", "plain", "flag"), ("fused_out", "fused_q", "fused_q"), ("fused_out", "fused_qk", "fused_qk")]
     assert {t.variant for t in tasks} == {"plain"}
-    tasks = at_plan.plan_tasks(list(at_space.ROUTES), ["gram", "output_fused"])
+    tasks = at_plan.plan_tasks(list(ROUTES), ["gram", "output_fused"])
     assert [(t.kernel, t.variant, t.route) for t in tasks] == [
         ("gram", "plain", "flag"), ("output_fused", "fused_q", "fused_q"), ("gram", "fuse_k", "fused_qk"),
         ("output_fused", "fused_qk", "fused_qk")]

@@ -18,7 +18,7 @@ os.environ.setdefault("TRITON_INTERPRET", "1")  # before FLA's kernels are first
 from gdnbench.bench.modes import decode  # noqa: E402
 from gdnbench.data import inputs, shapes
 from gdnbench.data.records import RunDocument  # noqa: E402
-from gdnbench.analysis import report, roofline
+from gdnbench.analysis import compare, report, roofline
 from gdnbench.backends import fla as fla_mod  # noqa: E402
 from gdnbench.backends import flashinfer as fi  # noqa: E402
 from gdnbench.backends import get  # noqa: E402
@@ -437,7 +437,7 @@ def test_report_renders_decode_rows(tmp_path):
                                                         shape_set=shapes.load("gdn-decode"))
     assert [r[1] for r in rows] == ["fla:explicit", "fla:flag"] and rows[0][6] == "memory"
     assert any("the N states read and written" in n for n in notes)
-    assert any("geomean B/A [gpu]: 1.000 over 2/2 rows" in n for n in report.compare(doc, doc)[0].notes)
+    assert any("geomean B/A [gpu]: 1.000 over 2/2 rows" in n for n in compare.compare(doc, doc)[0].notes)
     p = tmp_path / "d.json"
     p.write_text(json.dumps(doc.to_dict()))
     r = invoke("plot", str(p), "--out", str(tmp_path / "d.png"))

@@ -14,7 +14,6 @@ import sys
 import textwrap
 
 import pytest
-import torch
 
 from gdnbench.data import shapes
 from gdnbench.backends import BackendOptions, get

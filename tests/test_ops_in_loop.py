@@ -14,7 +14,7 @@ from gdnbench.kernels import common, ops, state_out  # noqa: E402
 from gdnbench.kernels.config import split_width  # noqa: E402
 from gdnbench.kernels.ops import GDNConfig, KernelConfig, chunk_gdn, default_config, l2norm  # noqa: E402
 
-from .test_ops_gdn import TOL, check, make_inputs, reference, rel_rms  # noqa: E402
+from .test_ops_gdn import check, make_inputs, reference, rel_rms  # noqa: E402
 
 # today's one-pass path against this one: same math, other roundings (fp32: tf32x3 products; fp16: w and u
 # rounded to fp16 there, x and v_new here)

@@ -7,7 +7,7 @@ import json
 
 from typer.testing import CliRunner
 
-from gdnbench.analysis import report as rep
+from gdnbench.analysis import compare as cmp
 from gdnbench.cli import app as cli
 from gdnbench.cli.app import EXIT_ABOVE_LIMIT, EXIT_BAD_INPUT, app
 from tests.test_report import ROWS, doc, row
@@ -103,7 +103,7 @@ def test_compare_fail_above_exit_codes(tmp_path):
 def test_compare_ratios_geomean():
     a, b = doc(ROWS), doc([dict(x, wall={**x["wall"], "median_us": x["wall"]["median_us"] * 2})
                            if x["status"] == "ok" else x for x in ROWS])
-    got = dict(rep.compare_ratios(a, b))
+    got = dict(cmp.compare_ratios(a, b))
     assert any(k.startswith("geomean [wall]") and abs(v - 2.0) < 1e-9 for k, v in got.items())
     assert any(k.startswith("geomean [gpu]") and abs(v - 1.0) < 1e-9 for k, v in got.items())
 

@@ -5,7 +5,7 @@ import math
 
 import pytest
 
-from gdnbench.analysis import report as rep
+from gdnbench.analysis import compare as cmp, report as rep
 from gdnbench.data import results
 from gdnbench.data.records import Row, RunDocument
 
@@ -116,10 +116,10 @@ def test_compare_matches_rows_and_refuses_other_sets():
     a = doc(ROWS)
     faster = [dict(r, gpu={**r["gpu"], "median_us": r["gpu"]["median_us"] / 2}) if r["status"] == "ok" else r
               for r in ROWS]
-    t = rep.compare(a, doc(faster))[0]
+    t = cmp.compare(a, doc(faster))[0]
     assert any("geomean B/A [gpu]: 0.500" in n for n in t.notes)
-    with pytest.raises(rep.CompareError, match="shape sets differ"):
-        rep.compare(a, doc(ROWS, hash_="sha256:def"))
+    with pytest.raises(cmp.CompareError, match="shape sets differ"):
+        cmp.compare(a, doc(ROWS, hash_="sha256:def"))
 
 
 def test_results_round_trip_and_schema_refusal(tmp_path):

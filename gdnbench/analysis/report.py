@@ -15,14 +15,10 @@ from dataclasses import dataclass, field
 
 from ..data.records import TIME_KINDS, Row, RunDocument
 from ..vocab import ALL_ROUTES, FUSED_ROUTES, MODES, ROUTES  # noqa: F401  (MODES: the report command checks --mode)
-from .tables import FORMATS, Table, to_csv, to_json, to_markdown, to_rich, to_text  # noqa: F401
+from .tables import FORMATS, Table, fmt_us, to_csv, to_json, to_markdown, to_rich, to_text  # noqa: F401
 
 MODE_TITLES = {"fwd_bwd": " (one forward + backward step)", "decode": " (one decode step)"}
 MB = 1e6
-
-
-class CompareError(ValueError):
-    pass
 
 
 @dataclass
@@ -156,12 +152,6 @@ def standard_pairs(doc: RunDocument) -> list[str]:
     return pairs
 
 
-def _fmt_us(t: float | None) -> str:
-    if t is None:
-        return "-"
-    return f"{t:.0f}" if t >= 100 else f"{t:.1f}"
-
-
 def _cell(row: Row | None) -> str:
     if row is None:
         return "(no row)"
@@ -169,7 +159,7 @@ def _cell(row: Row | None) -> str:
         return row.status
     w, g = row.median("wall"), row.median("gpu")
     mark = "*" if row.host_bound else ""
-    return f"{_fmt_us(w)} / {_fmt_us(g)}{mark}" if g is not None else f"{_fmt_us(w)}"
+    return f"{fmt_us(w)} / {fmt_us(g)}{mark}" if g is not None else f"{fmt_us(w)}"
 
 
 def default_baseline(doc: RunDocument) -> str | None:
@@ -277,7 +267,7 @@ def spread_table(doc: RunDocument, mode: str = "fwd") -> Table:
         if r.mode != mode or r.status != "ok":
             continue
         rows.append([r.shape_id, r.spec, _spread(r.wall), _spread(r.gpu), (r.gpu and r.gpu.method) or "-",
-                     _fmt_us(r.profiler_us), f"{r.first_call_ms or 0:.0f}"])
+                     fmt_us(r.profiler_us), f"{r.first_call_ms or 0:.0f}"])
     return Table("timing detail (spread = (max - min) / median of per-round medians)",
                  ["shape", "backend:route", "wall spread", "gpu spread", "gpu method", "profiler µs", "first call ms"],
                  rows)
@@ -298,7 +288,7 @@ def kernel_table(doc: RunDocument, mode: str = "fwd") -> Table | None:
         shown = [f"{n} {t:.1f}" for n, t in items[:KERNELS_SHOWN]]
         if len(items) > KERNELS_SHOWN:
             shown.append(f"other ({len(items) - KERNELS_SHOWN}) {sum(t for _, t in items[KERNELS_SHOWN:]):.1f}")
-        rows.append([r.shape_id, r.spec, _fmt_us(sum(split.values())), "; ".join(shown)])
+        rows.append([r.shape_id, r.spec, fmt_us(sum(split.values())), "; ".join(shown)])
     if not rows:
         return None
     return Table("device time per kernel (torch.profiler, µs per call, largest first)",
@@ -352,7 +342,7 @@ def fusion_table(doc: RunDocument, mode: str = "fwd") -> Table | None:
         floor = sum(e.kernels_us.values()) - _norm_us(e.kernels_us) + _norm_us(r.kernels_us)
         took = sum(r.kernels_us.values())
         ratios.setdefault(r.spec, []).append(took / floor)
-        rows.append([s, r.spec, _fmt_us(took), _fmt_us(floor), f"{took / floor:.3f}"])
+        rows.append([s, r.spec, fmt_us(took), fmt_us(floor), f"{took / floor:.3f}"])
     if not rows:
         return None
     for spec, xs in ratios.items():
@@ -451,8 +441,8 @@ def decode_table(doc: RunDocument) -> Table:
         if r.mode != "decode" or r.status != "ok":
             continue
         gb = r.get("gbps") or {}
-        rows.append([r.shape_id, r.spec, _mb(r.get("step_bytes")), _fmt_us(r.median("gpu")), _gbps(gb.get("gpu")),
-                     _fmt_us(r.median("wall")), _gbps(gb.get("wall"))])
+        rows.append([r.shape_id, r.spec, _mb(r.get("step_bytes")), fmt_us(r.median("gpu")), _gbps(gb.get("gpu")),
+                     fmt_us(r.median("wall")), _gbps(gb.get("wall"))])
     notes = ["GB/s = bytes the step must move / median time: q, k, v, gates and o once, the N states read and "
              "written once at the pool's dtype, the int64 indices, + the route's standalone l2norm passes "
              "(gdnbench/analysis/roofline.py); a backend that gathers and scatters its states moves more than that",
@@ -479,71 +469,6 @@ def report_tables(doc: RunDocument, baseline: str | None = None, pairs: list[str
     if mode == "decode":
         tables.append(decode_table(doc))
     return tables
-
-
-def _matched(a: RunDocument, b: RunDocument, mode: str | None, backends: list[str] | None):
-    """(row keys compared, A's rows, B's rows): CompareError when the shape sets differ; rows skipped in
-    both runs are left out."""
-    if run_mode(a) != run_mode(b):
-        raise CompareError(f"modes differ: A is a {run_mode(a)} run, B a {run_mode(b)} run; compare runs of one mode")
-    mode = mode or run_mode(a)
-    sa, sb = a.shape_set, b.shape_set
-    if sa.hash != sb.hash:
-        raise CompareError(f"shape sets differ: {sa.name} v{sa.version} ({sa.hash[:19]}) vs "
-                           f"{sb.name} v{sb.version} ({sb.hash[:19]})")
-    ia, ib = index_rows(a, mode), index_rows(b, mode)
-    keys = [k for k in ia if k in ib] + [k for k in ib if k not in ia] + [k for k in ia if k not in ib]
-    keys = [k for k in dict.fromkeys(keys) if not backends or k[1] in backends]
-    keys = [k for k in keys if any(r is not None and r.status != "skipped" for r in (ia.get(k), ib.get(k)))]
-    return keys, ia, ib
-
-
-def compare_ratios(a: RunDocument, b: RunDocument, mode: str | None = None, backends: list[str] | None = None,
-                   rows: bool = False) -> list[tuple[str, float]]:
-    """(label, B/A) of each time kind's geomean over the rows timed in both runs, and with ``rows`` of
-    each such row: what ``gdnbench compare --fail-above`` holds against its limit."""
-    keys, ia, ib = _matched(a, b, mode, backends)
-    out = []
-    for kind in TIME_KINDS:
-        per_row = [(f"{k[0]} {k[1]}:{k[2]} [{kind}]", median(ib.get(k), kind) / median(ia.get(k), kind))
-                   for k in keys if median(ia.get(k), kind) and median(ib.get(k), kind)]
-        if per_row:
-            gm = math.exp(sum(math.log(r) for _, r in per_row) / len(per_row))
-            out.append((f"geomean [{kind}] over {len(per_row)} rows", gm))
-        out += per_row if rows else []
-    return out
-
-
-def compare(a: RunDocument, b: RunDocument, mode: str | None = None, backends: list[str] | None = None) -> list[Table]:
-    """Per-row and geomean B/A time ratios of two runs of the same shape set.
-
-    Rows skipped in both runs are left out; every other row without a time on both sides is
-    listed as excluded. `backends` restricts the comparison (e.g. to a backend whose code
-    did not change between the runs)."""
-    keys, ia, ib = _matched(a, b, mode, backends)
-    rows, notes = [], []
-    logs = {k: [] for k in TIME_KINDS}
-    for key in keys:
-        ra, rb = ia.get(key), ib.get(key)
-        line = [key[0], f"{key[1]}:{key[2]}"]
-        for kind in TIME_KINDS:
-            ta, tb = median(ra, kind), median(rb, kind)
-            if ta and tb:
-                logs[kind].append(math.log(tb / ta))
-                line += [_fmt_us(ta), _fmt_us(tb), f"{tb / ta:.3f}"]
-            else:
-                line += [_fmt_us(ta), _fmt_us(tb), "-"]
-        if median(ra, "wall") is None or median(rb, "wall") is None:
-            notes.append(f"excluded {key[0]} {key[1]}:{key[2]}: A {ra.status if ra else 'missing'}, "
-                         f"B {rb.status if rb else 'missing'}")
-        rows.append(line)
-    for kind in reversed(TIME_KINDS):
-        n = len(logs[kind])
-        gm = f"{math.exp(sum(logs[kind]) / n):.3f}" if n else "n/a"
-        spread = f", per-row range {math.exp(min(logs[kind])):.3f}..{math.exp(max(logs[kind])):.3f}" if n else ""
-        notes.insert(0, f"geomean B/A [{kind}]: {gm} over {n}/{len(keys)} rows{spread}")
-    headers = ["shape", "backend:route", "A wall", "B wall", "B/A wall", "A gpu", "B gpu", "B/A gpu"]
-    return [Table("compare B/A (median µs)", headers, rows, notes)]
 
 
 def time_spent(rows: list[Row]) -> dict:

@@ -115,6 +115,7 @@ from dataclasses import dataclass, field
 from ..data.records import Row, RunDocument
 from ..data.shapes import Shape, ShapeError
 from ..vocab import DTYPE_BYTES
+from .tables import fmt_us
 
 CHUNK = 64
 FP32 = 4
@@ -402,12 +403,6 @@ def doc_floors(doc: RunDocument, calib: dict, mode: str = "fwd", shape_set=None,
     return out, notes
 
 
-def _fmt_us(t: float | None) -> str:
-    if t is None:
-        return "-"
-    return f"{t:.0f}" if t >= 100 else f"{t:.1f}"
-
-
 def _calib_text(calib: dict) -> str:
     bw, mm = rates(calib)
     name = (calib.get("gpu") or {}).get("name") if isinstance(calib.get("gpu"), dict) else None
@@ -430,8 +425,8 @@ def roofline_table(doc: RunDocument, calib: dict, mode: str = "fwd", shape_set=N
         frac_g = f"{f.fraction_gpu:.3f}" if f.fraction_gpu is not None else (f.status or "-")
         frac_w = f"{f.fraction_wall:.3f}" if f.fraction_wall is not None else (f.status or "-")
         rows.append([f.shape_id, f"{f.backend}:{f.route}", f"{f.bytes / 1e6:.1f}", f"{f.flops / 1e9:.2f}",
-                     f"{f.intensity:.0f}", _fmt_us(f.floor_us), f.binding, _fmt_us(f.gpu_us), frac_g,
-                     _fmt_us(f.wall_us), frac_w])
+                     f"{f.intensity:.0f}", fmt_us(f.floor_us), f.binding, fmt_us(f.gpu_us), frac_g,
+                     fmt_us(f.wall_us), frac_w])
     title = f"{doc.shape_set.name} v{doc.shape_set.version}: roofline floor per backend:route ({mode})"
     notes = [f"calibration: {_calib_text(calib)}",
              "floor = max(bytes / copy bandwidth, matmul FLOPs / matmul rate); floor/gpu = floor / median gpu "
@@ -495,7 +490,7 @@ def roofline_chart(doc: RunDocument, calib: dict, out_png, kind: str = "gpu", mo
             ax.bar(x, frac, width, color=cmap(j % 10), label=None if b in labelled else b)
             labelled.add(b)
             t = f.gpu_us if kind == "gpu" else f.wall_us
-            ax.text(x, frac, f"{100 * frac:.0f}%\n{_fmt_us(t)}\n{f.route}\nfl {_fmt_us(f.floor_us)}\n{f.binding[:3]}",
+            ax.text(x, frac, f"{100 * frac:.0f}%\n{fmt_us(t)}\n{f.route}\nfl {fmt_us(f.floor_us)}\n{f.binding[:3]}",
                     ha="center", va="bottom", fontsize=6.5)
             top = max(top, frac)
     if top > 0.7:

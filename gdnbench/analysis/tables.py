@@ -13,6 +13,13 @@ class Table:
     notes: list[str] = field(default_factory=list)
 
 
+def fmt_us(t: float | None) -> str:
+    """A time in µs for a table cell: whole µs from 100 up, one decimal below, '-' for none."""
+    if t is None:
+        return "-"
+    return f"{t:.0f}" if t >= 100 else f"{t:.1f}"
+
+
 def to_markdown(tables: list[Table]) -> str:
     out = []
     for t in tables:

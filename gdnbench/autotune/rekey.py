@@ -123,7 +123,7 @@ def launch_digests(kernel: str, shape: dict | None, route: str, point: dict, tok
 
     if shape is None:
         raise ValueError("its shape key names no shape")
-    family, K, V, H, HV = shape["family"], shape["K"], shape["V"], shape["H"], shape["HV"]
+    family, K, V = shape["family"], shape["K"], shape["V"]
     dt = getattr(torch, shape["dtype"])
     cfg = ops.default_config(K, V, dt.itemsize, family)
     cfg = dataclasses.replace(cfg, **{kernel: tuned.kernel_config(kernel, point)})

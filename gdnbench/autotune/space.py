@@ -27,7 +27,6 @@ from ..vocab import dtype_bytes
 
 
 KERNELS = tuned.KERNELS
-ROUTES = tuned.ROUTES
 MAXNREG_CAPS = tuple(range(64, 256, 8))  # 64, 72, ..., 248
 MAXNREG_VALUES = (None,) + MAXNREG_CAPS
 WARPS = (1, 2, 4, 8, 16)

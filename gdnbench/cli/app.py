@@ -14,9 +14,8 @@ from typing import Optional
 import typer
 from rich.text import Text
 
-from ..analysis import report as rep
+from ..analysis import compare as cmp, report as rep
 from ..data import shapes as shp
-from ..backends.base import one_line
 from ..data.journal import journal_path
 from ..data.results import ResultsError
 from .console import (EXIT_ABOVE_LIMIT, EXIT_BAD_INPUT, EXIT_CODES_HELP, EXIT_NO_DEVICE, EXIT_NOTHING_MEASURED,  # noqa: F401
@@ -42,7 +41,7 @@ def _domain_errors():
     from ..analysis.calibrate import CalibrationError
     from ..analysis.roofline import RooflineError
 
-    return (shp.ShapeError, ResultsError, rep.CompareError, UnknownBackend, UsageError, CalibrationError,
+    return (shp.ShapeError, ResultsError, cmp.CompareError, UnknownBackend, UsageError, CalibrationError,
             RooflineError)
 
 
@@ -328,10 +327,10 @@ def compare(
     with _bad_input_exits():
         da, db = results.load(a), results.load(b)
         try:
-            tables = rep.compare(da, db, backends=_split(backends) or None)
-            ratios = rep.compare_ratios(da, db, backends=_split(backends) or None, rows=fail_rows)
-        except rep.CompareError as e:
-            raise rep.CompareError(f"{a} vs {b}: {e}") from None
+            tables = cmp.compare(da, db, backends=_split(backends) or None)
+            ratios = cmp.compare_ratios(da, db, backends=_split(backends) or None, rows=fail_rows)
+        except cmp.CompareError as e:
+            raise cmp.CompareError(f"{a} vs {b}: {e}") from None
     emit(console, tables, fmt, to)
     if markdown:
         markdown.write_text(rep.to_markdown(tables))

@@ -389,7 +389,7 @@ def _known_kernels() -> tuple:
 
 
 def _known_routes() -> tuple:
-    from ..kernels.tuned import ROUTES
+    from ..vocab import ROUTES
 
     return ROUTES
 

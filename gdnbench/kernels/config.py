@@ -334,9 +334,9 @@ def _check(config: GDNConfig, K: int, V: int, dtype_bytes: int, family: str) -> 
         if name != "l2norm" and c.split_v and (name != "fused_out" or c.segments < 4):
             # in two segments none waits (the second one's warm-up reaches back to the sequence start)
             raise ValueError(f"config.{name}.split_v=True: only fused_out in 4 or 8 segments splits V")
-        for field, (owners, what) in _OWNED_FLAGS.items():
-            if name != "l2norm" and name not in owners and getattr(c, field):
-                raise ValueError(f"config.{name}.{field}=True: only {' and '.join(owners)} {what}")
+        for flag, (owners, what) in _OWNED_FLAGS.items():
+            if name != "l2norm" and name not in owners and getattr(c, flag):
+                raise ValueError(f"config.{name}.{flag}=True: only {' and '.join(owners)} {what}")
         if name == "l2norm" and (c.BR < 1 or c.BR & (c.BR - 1)):
             raise ValueError(f"config.l2norm.BR={c.BR} must be a power of two")
         if c.num_warps not in _WARPS:

@@ -27,8 +27,8 @@ import warnings
 from pathlib import Path
 
 from ..data.results import slug, write_atomic
-from ..paths import SHIPPED_TUNED_DIR, tuned_read_dirs, user_tuned_dir
-from ..vocab import ROUTES, dtype_bytes
+from ..paths import tuned_read_dirs, user_tuned_dir
+from ..vocab import dtype_bytes
 # source_hash, KERNEL_FUNCTIONS and KERNELS stay importable from here: `python -m gdnbench.autotune.rekey`
 # reads them from this tree and from older ones, which have no cache_key module
 from .cache_key import KERNEL_FUNCTIONS, CacheKey, shape_key, source_hash  # noqa: F401
