@@ -19,6 +19,7 @@ import typer
 from rich.console import Console
 from rich.text import Text
 
+from ..vocab import ROUTES
 from .options import DEVICES, FAMILIES, SHARDS, UsageError, choice
 
 EXIT_BAD_INPUT = 2
@@ -286,7 +287,7 @@ def register(app: typer.Typer) -> None:
         try:
             fam = choice("--family", family, FAMILIES)
             kernel_l = _pick(kernels, _known_kernels(), "--kernels")
-            route_l = _pick(routes, _known_routes(), "--routes")
+            route_l = _pick(routes, ROUTES, "--routes")
             choice("--shard", shard, SHARDS)
             lows = (("--budget", budget, 0), ("--min-gain", min_gain, 0), ("--compile-workers", compile_workers, 0))
             for name, val, low in ((n, v, lo) for n, v, lo in lows if v is not None):
@@ -387,11 +388,6 @@ def _known_kernels() -> tuple:
 
     return KERNELS
 
-
-def _known_routes() -> tuple:
-    from ..vocab import ROUTES
-
-    return ROUTES
 
 
 def _domain_errors():
