@@ -230,10 +230,10 @@ def test_fusion_table_puts_each_fused_route_against_explicit_less_the_norm_it_dr
     bad = row("b", "gdnbench", "fused_qk", status="incorrect", reason="err 0.3")
     skipped = row("a", "flashqla", "fused_q", status="skipped", reason="no such route")
     t = rep.fusion_table(doc([e, q, qk, bad, skipped]))
-    assert [r[1:] for r in t.rows[:2]] == [["gdnbench:fused_q", "92.0", "90.0", "1.022"],
-                                           ["gdnbench:fused_qk", "88.0", "80.0", "1.100"]]
-    assert t.rows[2:] == [["geomean (1/2)", "gdnbench:fused_q", "", "", "1.022"],
-                          ["geomean (1/2)", "gdnbench:fused_qk", "", "", "1.100"]]
+    assert [r[1:] for r in t.rows[:2]] == [["gdnbench:fused_q", "92.0", "90.0", "1.022", "loop +2.0"],
+                                           ["gdnbench:fused_qk", "88.0", "80.0", "1.100", "loop +4.0; gram +4.0"]]
+    assert t.rows[2:] == [["geomean (1/2)", "gdnbench:fused_q", "", "", "1.022", ""],
+                          ["geomean (1/2)", "gdnbench:fused_qk", "", "", "1.100", ""]]
     assert t.notes == ["b: gdnbench:fused_qk left out (gdnbench:fused_qk incorrect)"]
     assert rep.fusion_table(doc([e])) is None
     assert any(x.title.startswith("fused routes against") for x in rep.report_tables(doc([e, q, qk])))
@@ -250,7 +250,7 @@ def test_fusion_table_takes_the_floor_from_flag_where_the_run_has_no_explicit_ro
     qk_b = row("b", "gdnbench", "fused_qk", 200, 100)
     qk_b["kernels_us"] = dict(qk["kernels_us"])
     t = rep.fusion_table(doc([f, qk, e, f_b, qk_b]))
-    assert t.rows[0][1:] == ["gdnbench:fused_qk", "88.0", "80.0", "1.100"]
+    assert t.rows[0][1:] == ["gdnbench:fused_qk", "88.0", "80.0", "1.100", "loop +4.0; gram +4.0"]
     # an explicit row that failed keeps its shape out: flag stands in only where explicit is absent
     assert t.notes == ["b: gdnbench:fused_qk left out (gdnbench:explicit incorrect)",
                        "floor from gdnbench:flag on 1/2 shapes (no explicit row)"]

@@ -315,6 +315,16 @@ def _left_out(fused: Row, base: Row | None) -> str:
     return ""
 
 
+def _excess_by_kernel(fused: Row, base: Row) -> str:
+    """Where a fused route's time over its floor lies: its kernels less the floor row's, per kernel name, the norm
+    launches left out (the floor accounts for them), largest difference first; '-' where none differ by 0.05 µs."""
+    names = dict.fromkeys([*base.kernels_us, *fused.kernels_us])
+    diffs = [(n, fused.kernels_us.get(n, 0.0) - base.kernels_us.get(n, 0.0))
+             for n in names if NORM_KERNEL_MARK not in n]
+    shown = [f"{n} {d:+.1f}" for n, d in sorted(diffs, key=lambda nd: -abs(nd[1])) if abs(d) >= 0.05]
+    return "; ".join(shown[:KERNELS_SHOWN]) or "-"
+
+
 # the route a fused route's floor is taken from, in order: our backends' flag runs the same kernels as explicit, its
 # norm pass inside the op instead of before it (a run of flag and fused_qk alone has no explicit row)
 FLOOR_ROUTES = ("explicit", "flag")
@@ -324,7 +334,7 @@ def fusion_table(doc: RunDocument, mode: str = "fwd") -> Table | None:
     """Each fused route against its zero-cost floor: the explicit route's kernels (flag's where the run has no
     explicit row) less the norm launches the fused route no longer makes (that route's norm time less the fused
     route's own), from the same run's profiler splits. A ratio of 1 means folding the norm in cost nothing beyond
-    the pass it removed. None without such pairs."""
+    the pass it removed; the last column says in which kernels the difference lies. None without such pairs."""
     idx = index_rows(doc, mode)
     shapes = shape_ids(doc)
     order = {s: i for i, s in enumerate(shapes)}
@@ -342,17 +352,18 @@ def fusion_table(doc: RunDocument, mode: str = "fwd") -> Table | None:
         floor = sum(e.kernels_us.values()) - _norm_us(e.kernels_us) + _norm_us(r.kernels_us)
         took = sum(r.kernels_us.values())
         ratios.setdefault(r.spec, []).append(took / floor)
-        rows.append([s, r.spec, fmt_us(took), fmt_us(floor), f"{took / floor:.3f}"])
+        rows.append([s, r.spec, fmt_us(took), fmt_us(floor), f"{took / floor:.3f}", _excess_by_kernel(r, e)])
     if not rows:
         return None
     for spec, xs in ratios.items():
         g = math.exp(sum(map(math.log, xs)) / len(xs))
-        rows.append([f"geomean ({len(xs)}/{len(shapes)})", spec, "", "", f"{g:.3f}"])
+        rows.append([f"geomean ({len(xs)}/{len(shapes)})", spec, "", "", f"{g:.3f}", ""])
     notes += [f"floor from {spec} on {len(ss)}/{len(shapes)} shapes (no {FLOOR_ROUTES[0]} row)"
               for spec, ss in stand_ins.items()]
     return Table("fused routes against their zero-cost floor (explicit's kernels, or flag's, less the norm launches "
                  "the route drops; profiler µs per call)",
-                 ["shape", "backend:route", "route µs", "floor µs", "route / floor"], rows, notes)
+                 ["shape", "backend:route", "route µs", "floor µs", "route / floor",
+                  "by kernel, route less floor row (µs)"], rows, notes)
 
 
 def _figure(row: Row, name: str):
