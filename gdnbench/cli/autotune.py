@@ -389,7 +389,6 @@ def _known_kernels() -> tuple:
     return KERNELS
 
 
-
 def _domain_errors():
     from ..data.shapes import ShapeError
 
