@@ -42,6 +42,12 @@ ROWS = [
 ]
 
 
+def test_geomean_of_is_the_nth_root_of_the_product_and_none_for_no_ratios():
+    assert rep.geomean_of([2.0, 8.0]) == pytest.approx(4.0)
+    assert rep.geomean_of([0.5, 2.0, 1.0]) == pytest.approx(1.0)
+    assert rep.geomean_of([]) is None
+
+
 def test_geomean_counts_and_exclusions():
     d = doc(ROWS)
     g = rep.geomean(d, "gdnbench:fused_qk/gdnbench:explicit", "gpu")

@@ -3,10 +3,8 @@
 
 from __future__ import annotations
 
-import math
-
 from ..data.records import TIME_KINDS, RunDocument
-from .report import index_rows, median, run_mode
+from .report import geomean_of, index_rows, median, run_mode
 from .tables import Table, fmt_us
 
 
@@ -41,8 +39,7 @@ def compare_ratios(a: RunDocument, b: RunDocument, mode: str | None = None, back
         per_row = [(f"{k[0]} {k[1]}:{k[2]} [{kind}]", median(ib.get(k), kind) / median(ia.get(k), kind))
                    for k in keys if median(ia.get(k), kind) and median(ib.get(k), kind)]
         if per_row:
-            gm = math.exp(sum(math.log(r) for _, r in per_row) / len(per_row))
-            out.append((f"geomean [{kind}] over {len(per_row)} rows", gm))
+            out.append((f"geomean [{kind}] over {len(per_row)} rows", geomean_of([r for _, r in per_row])))
         out += per_row if rows else []
     return out
 
@@ -55,14 +52,14 @@ def compare(a: RunDocument, b: RunDocument, mode: str | None = None, backends: l
     did not change between the runs)."""
     keys, ia, ib = _matched(a, b, mode, backends)
     rows, notes = [], []
-    logs = {k: [] for k in TIME_KINDS}
+    ratios = {k: [] for k in TIME_KINDS}
     for key in keys:
         ra, rb = ia.get(key), ib.get(key)
         line = [key[0], f"{key[1]}:{key[2]}"]
         for kind in TIME_KINDS:
             ta, tb = median(ra, kind), median(rb, kind)
             if ta and tb:
-                logs[kind].append(math.log(tb / ta))
+                ratios[kind].append(tb / ta)
                 line += [fmt_us(ta), fmt_us(tb), f"{tb / ta:.3f}"]
             else:
                 line += [fmt_us(ta), fmt_us(tb), "-"]
@@ -71,9 +68,9 @@ def compare(a: RunDocument, b: RunDocument, mode: str | None = None, backends: l
                          f"B {rb.status if rb else 'missing'}")
         rows.append(line)
     for kind in reversed(TIME_KINDS):
-        n = len(logs[kind])
-        gm = f"{math.exp(sum(logs[kind]) / n):.3f}" if n else "n/a"
-        spread = f", per-row range {math.exp(min(logs[kind])):.3f}..{math.exp(max(logs[kind])):.3f}" if n else ""
-        notes.insert(0, f"geomean B/A [{kind}]: {gm} over {n}/{len(keys)} rows{spread}")
+        xs = ratios[kind]
+        gm = f"{geomean_of(xs):.3f}" if xs else "n/a"
+        spread = f", per-row range {min(xs):.3f}..{max(xs):.3f}" if xs else ""
+        notes.insert(0, f"geomean B/A [{kind}]: {gm} over {len(xs)}/{len(keys)} rows{spread}")
     headers = ["shape", "backend:route", "A wall", "B wall", "B/A wall", "A gpu", "B gpu", "B/A gpu"]
     return [Table("compare B/A (median µs)", headers, rows, notes)]

@@ -102,11 +102,16 @@ def _side(idx, shape: str, spec: str, kind: str) -> tuple[float | None, str]:
     return t, ""
 
 
+def geomean_of(ratios: list[float]) -> float | None:
+    """The geometric mean of positive ratios; None for none."""
+    return math.exp(sum(map(math.log, ratios)) / len(ratios)) if ratios else None
+
+
 def geomean(doc: RunDocument, pair: str, kind: str, mode: str = "fwd") -> Geomean:
     num, _, den = pair.partition("/")
     idx = index_rows(doc, mode)
     ids = [s for s in shape_ids(doc) if any(k[0] == s for k in idx)]
-    logs, excluded, per = [], [], {}
+    excluded, per = [], {}
     for s in ids:
         a, why_a = _side(idx, s, num, kind)
         b, why_b = _side(idx, s, den, kind)
@@ -114,9 +119,7 @@ def geomean(doc: RunDocument, pair: str, kind: str, mode: str = "fwd") -> Geomea
             excluded.append(f"{s}: {why_a or why_b}")
             continue
         per[s] = a / b
-        logs.append(math.log(a / b))
-    value = math.exp(sum(logs) / len(logs)) if logs else None
-    return Geomean(pair, kind, value, len(logs), len(ids), excluded, per)
+    return Geomean(pair, kind, geomean_of(list(per.values())), len(per), len(ids), excluded, per)
 
 
 def standard_pairs(doc: RunDocument) -> list[str]:
@@ -356,8 +359,7 @@ def fusion_table(doc: RunDocument, mode: str = "fwd") -> Table | None:
     if not rows:
         return None
     for spec, xs in ratios.items():
-        g = math.exp(sum(map(math.log, xs)) / len(xs))
-        rows.append([f"geomean ({len(xs)}/{len(shapes)})", spec, "", "", f"{g:.3f}", ""])
+        rows.append([f"geomean ({len(xs)}/{len(shapes)})", spec, "", "", f"{geomean_of(xs):.3f}", ""])
     notes += [f"floor from {spec} on {len(ss)}/{len(shapes)} shapes (no {FLOOR_ROUTES[0]} row)"
               for spec, ss in stand_ins.items()]
     return Table("fused routes against their zero-cost floor (explicit's kernels, or flag's, less the norm launches "
@@ -414,17 +416,17 @@ def saved_pair(doc: RunDocument, pair: str) -> str | None:
     where both rows are ok; None when no shape has both."""
     num, _, den = pair.partition("/")
     idx = index_rows(doc, "fwd_bwd")
-    diffs, logs = [], []
+    diffs, ratios = [], []
     for s in shape_ids(doc):
         a, b = (idx.get((s, *side.split(":"))) for side in (num, den))
         if a and b and a.status == b.status == "ok" and a.get("saved_bytes") and b.get("saved_bytes"):
             diffs.append(b.get("saved_bytes") - a.get("saved_bytes"))
-            logs.append(math.log(a.get("saved_bytes") / b.get("saved_bytes")))
+            ratios.append(a.get("saved_bytes") / b.get("saved_bytes"))
     if not diffs:
         return None
     d = sum(diffs) / len(diffs)
     return (f"{num} keeps {abs(d) / MB:.2f} MB {'less' if d >= 0 else 'more'} than {den} for backward (mean per shape; "
-            f"saved_bytes ratio geomean {math.exp(sum(logs) / len(logs)):.3f} over {len(diffs)} shapes)")
+            f"saved_bytes ratio geomean {geomean_of(ratios):.3f} over {len(diffs)} shapes)")
 
 
 def memory_table(doc: RunDocument) -> Table:
