@@ -44,6 +44,18 @@ def test_dense_batch_odd_heads_gva3(norm):
     check(norm, torch.float32, q, k, v, g, beta, s0, config=chunk16(60, 20, torch.float32))
 
 
+@pytest.mark.parametrize("norm", ["flag", "fused_q", "fused_qk"])
+@pytest.mark.parametrize("bk", [16, 32])
+def test_channels_in_steps(norm, bk):
+    """kda16_prep.BK: the K channels in steps of 16 or 32 (K = 60: a masked last step), the grams and the norms'
+    sums of squares accumulated over them; packed sequences, GVA 2."""
+    cu = torch.tensor([0, 21, 90], dtype=torch.int64)
+    q, k, v, g, beta, s0 = make_inputs(1, 90, 1, 2, 60, 32, torch.float32, n_seqs=2, h0=True, seed=7)
+    base = chunk16(60, 32, torch.float32)
+    cfg = dataclasses.replace(base, kda16_prep=dataclasses.replace(base.kda16_prep, BK=bk))
+    check(norm, torch.float32, q, k, v, g, beta, s0, cu, config=cfg)
+
+
 def test_gates_at_the_lower_bound():
     """g = -5 on every channel of one head (2^-115 over a tile: k 2^-c at the edge of the range) and on half the
     channels of the other, the rest near 0."""
@@ -97,11 +109,12 @@ def _round_kernel(x, y):
 
 @pytest.mark.parametrize("norm", ["flag", "fused_qk"])
 def test_tf32_grams_match_the_recurrence(norm):
-    """kda16_prep.tf32_grams (16-bit storage): the grams as one tf32 product of operands rounded to tf32."""
+    """kda16_prep.tf32_grams (16-bit storage): the grams as one tf32 product of operands rounded to tf32, summed
+    over two 16-channel steps."""
     cu = torch.tensor([0, 37, 101], dtype=torch.int64)
     q, k, v, g, beta, s0 = make_inputs(1, 101, 2, 4, 32, 48, torch.float16, n_seqs=2, h0=True, seed=5)
     base = chunk16(32, 48, torch.float16)
-    cfg = dataclasses.replace(base, kda16_prep=dataclasses.replace(base.kda16_prep, tf32_grams=True))
+    cfg = dataclasses.replace(base, kda16_prep=dataclasses.replace(base.kda16_prep, tf32_grams=True, BK=16))
     check(norm, torch.float16, q, k, v, g, beta, s0, cu, config=cfg)
     with pytest.raises(ValueError, match="only kda16_prep forms tile grams"):
         validate(dataclasses.replace(base, kda16_loop=dataclasses.replace(base.kda16_loop, tf32_grams=True)), 32, 48,

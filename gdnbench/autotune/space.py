@@ -7,7 +7,7 @@ and maxnreg: None (the compiler's choice) plus caps 64, 72, .., 248 (every multi
 ptxas accepts between 64 and 255); fused_out also its segments per sequence (1, 2, 4, 8) and
 split_v (at 4 or 8 segments), early_beta and beta_ahead, and under fused_qk k_rstd_tile; aqk early_gates; gram and aqk
 heads_first; kda16_prep
-also tf32_grams. Points that :func:`gdnbench.kernels.config.validate` (the same function the defaults pass)
+also tf32_grams (its BK: the K channels a step). Points that :func:`gdnbench.kernels.config.validate` (the same function the defaults pass)
 rejects - shared memory, block divisibility, register file - are pruned before anything runs. The other
 kernels keep the shape's default config.
 """
@@ -51,7 +51,7 @@ def dimensions(kernel: str, K: int, V: int, variant: str = "plain") -> list[tupl
         return [("BR", BR_VALUES)] + tail
     blocks = {"gram": ("BK",), "kda_intra": ("BK",), "wu": ("BK", "BV"), "state": ("BK", "BV"), "output": ("BK", "BV"),
               "output_fused": ("BK", "BV"), "aqk": ("BK",), "state_out": ("BK", "BV"), "fused_out": ("BK", "BV"),
-              "kda_state_out": ("BK", "BV"), "kda16_prep": (), "kda16_loop": ("BV",)}[kernel]
+              "kda_state_out": ("BK", "BV"), "kda16_prep": ("BK",), "kda16_loop": ("BV",)}[kernel]
     segs = {"fused_out": [("segments", SEGMENTS), ("split_v", (False, True))],
             "kda16_prep": [("tf32_grams", (False, True))]}.get(kernel, [])
     # fused_out's beta load order first: one compile from the start point; faster at 5 of 8 shipped entries, slower at 1
@@ -126,7 +126,7 @@ def full_config(kernel: str, point: Point, base):
 
 def _start_point(kernel: str, base, dims, K: int, V: int) -> Point:
     """The base config of the kernel as a point, blocks clamped as the kernel clamps them."""
-    from ..kernels.config import block, state_piece
+    from ..kernels.config import block, kda16_step, state_piece
 
     c = getattr(base, kernel)
     out = {}
@@ -134,6 +134,8 @@ def _start_point(kernel: str, base, dims, K: int, V: int) -> Point:
         v = getattr(c, name)
         if kernel in ("state", "state_out", "fused_out", "kda_state_out") and name == "BK":
             v = block(state_piece(c, K), K)
+        elif kernel == "kda16_prep" and name == "BK":
+            v = kda16_step(c, K)
         elif name in ("BK", "BV"):
             v = block(v, K if name == "BK" else V)
         out[name] = v

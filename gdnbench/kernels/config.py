@@ -155,6 +155,11 @@ def block(b: int, dim: int) -> int:
     return min(b, next_pow2(dim))
 
 
+def kda16_step(c: KernelConfig, K: int) -> int:
+    """K channels per step of kda16_prep (``KernelConfig.BK``; None: all of them in one step)."""
+    return next_pow2(K) if c.BK is None else block(c.BK, K)
+
+
 def split_width(BV: int, segments: int) -> int:
     """Columns per program of a V-split head (KernelConfig.split_v): the V slab shared by the segment programs,
     at least 32 (the narrowest slab measured on the H200), at most the slab."""
@@ -322,10 +327,10 @@ def _check(config: GDNConfig, K: int, V: int, dtype_bytes: int, family: str) -> 
             val = getattr(c, b)
             if val not in _BLOCKS:
                 raise ValueError(f"config.{name}.{b}={val!r} must be one of {_BLOCKS}")
-        if name in ("state", "state_out", "fused_out", "kda_state_out") and c.BK is not None:
+        if name in ("state", "state_out", "fused_out", "kda_state_out", "kda16_prep") and c.BK is not None:
             if c.BK not in _BLOCKS:
                 raise ValueError(f"config.{name}.BK={c.BK!r} must be None or one of {_BLOCKS}")
-            if cdiv(K, state_piece(c, K)) > 4:
+            if name != "kda16_prep" and cdiv(K, state_piece(c, K)) > 4:
                 raise ValueError(f"config.{name}.BK={c.BK} splits K={K} into more than 4 pieces")
         if name not in ("l2norm", "fused_out") and c.segments != 1:
             raise ValueError(f"config.{name}.segments={c.segments}: only fused_out cuts sequences in segments")

@@ -27,12 +27,15 @@ from .state import _sequence_span
 
 
 @triton.jit
-def _rows(ptr, rows, o_k, mask, stride, NORM: tl.constexpr):
-    """Rows of a [tokens, K] head slice as fp32, l2-normalized where NORM."""
-    x = tl.load(ptr + rows[:, None] * stride + o_k[None, :], mask=mask, other=0.0).to(tl.float32)
-    if NORM:
-        x = x * tl.rsqrt(tl.sum(x * x, 1) + 1e-6)[:, None]
-    return x
+def _rstd(ptr, rows, valid, stride, K: tl.constexpr, BK: tl.constexpr, BKS: tl.constexpr):
+    """1 / sqrt(sum x^2 + 1e-6) of the rows of a [tokens, K] head slice (fp32), BKS columns a step."""
+    ssq = tl.zeros([16], dtype=tl.float32)
+    for k0 in tl.static_range(0, BK, BKS):
+        o_k = k0 + tl.arange(0, BKS)
+        x = tl.load(ptr + rows[:, None] * stride + o_k[None, :], mask=valid[:, None] & (o_k < K)[None, :],
+                    other=0.0).to(tl.float32)
+        ssq += tl.sum(x * x, 1)
+    return tl.rsqrt(ssq + 1e-6)
 
 
 @triton.jit
@@ -44,12 +47,15 @@ def _tf32(x):
 
 @triton.jit
 def kda16_prep_kernel(q, k, g, beta, qd, kd, kr, inv, mqk, dec, cu_seqlens, chunk_indices, T, NT, scale,
-                      H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, BK: tl.constexpr, IS_VARLEN: tl.constexpr,
-                      NORM_Q: tl.constexpr, NORM_K: tl.constexpr, TF32_GRAMS: tl.constexpr):
+                      H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, BK: tl.constexpr, BKS: tl.constexpr,
+                      IS_VARLEN: tl.constexpr, NORM_Q: tl.constexpr, NORM_K: tl.constexpr,
+                      TF32_GRAMS: tl.constexpr):
     """Grid (64-token chunks, B*HV, 4): tile i_s of chunk i_c.  q, k [B,T,H,K]; g [B,T,HV,K] natural-log gates;
     beta [B,T,HV]; qd, kd, kr [B,T,HV,K] in k's dtype; inv, mqk [chunks*4, HV, 16, 16] in k's dtype; dec
     [chunks*4, HV, K] fp32 (2^c_last).  The grams take fp32 operands (fp32's exponent range holds k 2^-c; a
-    16-bit k would not in fp16), as tf32x3 products or (TF32_GRAMS) one tf32 product of rounded operands."""
+    16-bit k would not in fp16), as tf32x3 products or (TF32_GRAMS) one tf32 product of rounded operands.
+    BKS of the K channels a step (``KernelConfig.BK``; the gate's cumsum runs per channel, the grams accumulate
+    over the steps); under NORM_Q / NORM_K the rows' sums of squares are taken first, in the same steps."""
     i_c, i_bh, i_s = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     i_b, i_hv = i_bh // HV, i_bh % HV
     i_h = i_hv // (HV // H)
@@ -57,37 +63,51 @@ def kda16_prep_kernel(q, k, g, beta, qd, kd, kr, inv, mqk, dec, cu_seqlens, chun
     t0 = tok0 + i_s * 16
     n = n_valid - i_s * 16
     rows = tl.arange(0, 16)
-    o_k = tl.arange(0, BK)
     valid = rows < n
-    m = valid[:, None] & (o_k < K)[None, :]
-    c = tl.cumsum(tl.load(g + (t0 + rows[:, None]) * (HV * K) + i_hv * K + o_k[None, :], mask=m,
-                          other=0.0).to(tl.float32), 0) * LOG2E
-    c_last = tl.sum(tl.where(rows[:, None] == tl.minimum(n, 16) - 1, c, 0.0), 0)
-    b_k = _rows(k + t0 * (H * K) + i_h * K, rows, o_k, m, H * K, NORM_K)
-    b_q = _rows(q + t0 * (H * K) + i_h * K, rows, o_k, m, H * K, NORM_Q)
+    p_q = q + t0 * (H * K) + i_h * K
+    p_k = k + t0 * (H * K) + i_h * K
+    r_q = tl.full([16], 1.0, tl.float32) * scale  # q_d's row scale: the attention scale, times q's rstd
+    if NORM_Q:
+        r_q = r_q * _rstd(p_q, rows, valid, H * K, K, BK, BKS)
+    if NORM_K:
+        r_k = _rstd(p_k, rows, valid, H * K, K, BK, BKS)
     b_beta = tl.load(beta + (t0 + rows) * HV + i_hv, mask=valid, other=0.0).to(tl.float32)
-    # rows past the tile's end load g = 0 and keep c_last; their k and q are zero
-    e = tl.math.exp2(c)
-    k_d = b_k * e
-    k_i = b_k * tl.math.exp2(-c)
-    q_d = b_q * e * scale
-    k_r = b_k * tl.math.exp2(c_last[None, :] - c)
-    p_tok = (t0 + rows[:, None]) * (HV * K) + i_hv * K + o_k[None, :]
-    tl.store(qd + p_tok, q_d.to(qd.dtype.element_ty), mask=m)
-    tl.store(kd + p_tok, k_d.to(kd.dtype.element_ty), mask=m)
-    tl.store(kr + p_tok, k_r.to(kr.dtype.element_ty), mask=m)
-
+    slot = (i_g * 4 + i_s) * HV + i_hv
+    a_l = tl.zeros([16, 16], dtype=tl.float32)
+    a_m = tl.zeros([16, 16], dtype=tl.float32)
+    for k0 in tl.static_range(0, BK, BKS):
+        o_k = k0 + tl.arange(0, BKS)
+        m = valid[:, None] & (o_k < K)[None, :]
+        c = tl.cumsum(tl.load(g + (t0 + rows[:, None]) * (HV * K) + i_hv * K + o_k[None, :], mask=m,
+                              other=0.0).to(tl.float32), 0) * LOG2E
+        c_last = tl.sum(tl.where(rows[:, None] == tl.minimum(n, 16) - 1, c, 0.0), 0)
+        b_k = tl.load(p_k + rows[:, None] * (H * K) + o_k[None, :], mask=m, other=0.0).to(tl.float32)
+        b_q = tl.load(p_q + rows[:, None] * (H * K) + o_k[None, :], mask=m, other=0.0).to(tl.float32)
+        if NORM_K:
+            b_k = b_k * r_k[:, None]
+        # rows past the tile's end load g = 0 and keep c_last; their k and q are zero
+        e = tl.math.exp2(c)
+        k_d = b_k * e
+        k_i = b_k * tl.math.exp2(-c)
+        q_d = b_q * e * r_q[:, None]
+        k_r = b_k * tl.math.exp2(c_last[None, :] - c)
+        p_tok = (t0 + rows[:, None]) * (HV * K) + i_hv * K + o_k[None, :]
+        tl.store(qd + p_tok, q_d.to(qd.dtype.element_ty), mask=m)
+        tl.store(kd + p_tok, k_d.to(kd.dtype.element_ty), mask=m)
+        tl.store(kr + p_tok, k_r.to(kr.dtype.element_ty), mask=m)
+        tl.store(dec + slot * K + o_k, tl.math.exp2(c_last), mask=o_k < K)
+        # a tf32 product truncates its fp32 operands, which biased o by 7e-4 on the H200 (budget 8e-5): tf32x3, or
+        # operands rounded to tf32 first (TF32_GRAMS, 16-bit storage)
+        if TF32_GRAMS:
+            k_t = tl.trans(_tf32(k_i))
+            a_l = tl.dot(_tf32(k_d), k_t, a_l, input_precision="tf32")
+            a_m = tl.dot(_tf32(q_d), k_t, a_m, input_precision="tf32")
+        else:
+            a_l = tl.dot(k_d, tl.trans(k_i), a_l, input_precision="tf32x3")
+            a_m = tl.dot(q_d, tl.trans(k_i), a_m, input_precision="tf32x3")
     lower = rows[:, None] > rows[None, :]
-    # a tf32 product truncates its fp32 operands, which biased o by 7e-4 on the H200 (budget 8e-5): tf32x3, or
-    # operands rounded to tf32 first (TF32_GRAMS, 16-bit storage)
-    if TF32_GRAMS:
-        k_t = tl.trans(_tf32(k_i))
-        a_l = tl.where(lower, tl.dot(_tf32(k_d), k_t, input_precision="tf32") * b_beta[:, None], 0.0)
-        a_m = tl.where(lower | (rows[:, None] == rows[None, :]), tl.dot(_tf32(q_d), k_t, input_precision="tf32"), 0.0)
-    else:
-        a_l = tl.where(lower, tl.dot(k_d, tl.trans(k_i), input_precision="tf32x3") * b_beta[:, None], 0.0)
-        a_m = tl.where(lower | (rows[:, None] == rows[None, :]), tl.dot(q_d, tl.trans(k_i), input_precision="tf32x3"),
-                       0.0)
+    a_l = tl.where(lower, a_l * b_beta[:, None], 0.0)
+    a_m = tl.where(lower | (rows[:, None] == rows[None, :]), a_m, 0.0)
     eye = tl.where(rows[:, None] == rows[None, :], 1.0, 0.0)
     x = eye - a_l
     p = tl.dot(a_l, a_l, input_precision="tf32x3")  # L^2, L^4, L^8: strictly lower, nilpotent
@@ -97,11 +117,9 @@ def kda16_prep_kernel(q, k, g, beta, qd, kd, kr, inv, mqk, dec, cu_seqlens, chun
     p = tl.dot(p, p, input_precision="tf32x3")
     x = x + tl.dot(x, p, input_precision="tf32x3")
     x = x * b_beta[None, :]  # U = INV diag(beta) (v - k_d S)
-    slot = (i_g * 4 + i_s) * HV + i_hv
     p_tile = slot * 256 + rows[:, None] * 16 + rows[None, :]
     tl.store(inv + p_tile, x.to(inv.dtype.element_ty))
     tl.store(mqk + p_tile, a_m.to(mqk.dtype.element_ty))
-    tl.store(dec + slot * K + o_k, tl.math.exp2(c_last), mask=o_k < K)
 
 
 @triton.jit(do_not_specialize=["T"])

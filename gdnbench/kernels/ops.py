@@ -64,6 +64,7 @@ from .config import (
     block,
     cdiv,
     default_config,
+    kda16_step,
     next_pow2,
     split_width,
     state_piece,
@@ -537,8 +538,8 @@ def kda16_prepare(q, k, g, beta, *, scale, norm_q=False, norm_k=False, varlen=No
     dec = torch.empty(tiles, HV, K, device=k.device, dtype=torch.float32)
     _launch(kda16_prep_kernel, (n_chunks, B * HV, 4), config.kda16_prep,
             q, k, g, beta, qd, kd, kr, inv, mqk, dec, *_varlen_args(varlen), T, NT, float(scale), H=H, HV=HV, K=K,
-            BK=next_pow2(K), IS_VARLEN=varlen is not None, NORM_Q=norm_q, NORM_K=norm_k,
-            TF32_GRAMS=config.kda16_prep.tf32_grams and k.dtype != torch.float32, hooks=on_launch)
+            BK=next_pow2(K), BKS=kda16_step(config.kda16_prep, K), IS_VARLEN=varlen is not None, NORM_Q=norm_q,
+            NORM_K=norm_k, TF32_GRAMS=config.kda16_prep.tf32_grams and k.dtype != torch.float32, hooks=on_launch)
     return dict(qd=qd, kd=kd, kr=kr, inv=inv, mqk=mqk, dec=dec)
 
 
