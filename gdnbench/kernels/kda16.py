@@ -95,7 +95,6 @@ def kda16_prep_kernel(q, k, g, beta, qd, kd, kr, inv, mqk, dec, cu_seqlens, chun
         tl.store(qd + p_tok, q_d.to(qd.dtype.element_ty), mask=m)
         tl.store(kd + p_tok, k_d.to(kd.dtype.element_ty), mask=m)
         tl.store(kr + p_tok, k_r.to(kr.dtype.element_ty), mask=m)
-        tl.store(dec + slot * K + o_k, tl.math.exp2(c_last), mask=o_k < K)
         # a tf32 product truncates its fp32 operands, which biased o by 7e-4 on the H200 (budget 8e-5): tf32x3, or
         # operands rounded to tf32 first (TF32_GRAMS, 16-bit storage)
         if TF32_GRAMS:
@@ -105,6 +104,8 @@ def kda16_prep_kernel(q, k, g, beta, qd, kd, kr, inv, mqk, dec, cu_seqlens, chun
         else:
             a_l = tl.dot(k_d, tl.trans(k_i), a_l, input_precision="tf32x3")
             a_m = tl.dot(q_d, tl.trans(k_i), a_m, input_precision="tf32x3")
+        # after the products: stored before them it left the one-step form 752 B of stack at one warp, not 256
+        tl.store(dec + slot * K + o_k, tl.math.exp2(c_last), mask=o_k < K)
     lower = rows[:, None] > rows[None, :]
     a_l = tl.where(lower, a_l * b_beta[:, None], 0.0)
     a_m = tl.where(lower | (rows[:, None] == rows[None, :]), a_m, 0.0)
