@@ -110,7 +110,7 @@ def _round_kernel(x, y):
 @pytest.mark.parametrize("norm", ["flag", "fused_qk"])
 def test_tf32_grams_match_the_recurrence(norm):
     """kda16_prep.tf32_grams (16-bit storage): the grams as one tf32 product of operands rounded to tf32, summed
-    over two 16-channel steps."""
+    over two 16-channel steps; fused_qk's row sums of squares from x x^T on 16-bit rows in those steps."""
     cu = torch.tensor([0, 37, 101], dtype=torch.int64)
     q, k, v, g, beta, s0 = make_inputs(1, 101, 2, 4, 32, 48, torch.float16, n_seqs=2, h0=True, seed=5)
     base = chunk16(32, 48, torch.float16)
