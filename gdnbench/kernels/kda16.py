@@ -100,7 +100,10 @@ def kda16_prep_kernel(q, k, g, beta, qd, kd, kr, inv, mqk, dec, cu_seqlens, chun
         k_d = b_k * e
         k_i = b_k * tl.math.exp2(-c)
         q_d = b_q * e * r_q[:, None]
-        k_r = b_k * tl.math.exp2(c_last[None, :] - c)
+        # k 2^(c_last - c) as k_i 2^c_last: one exp2 per element fewer (offline, sm_90, one warp, BK 64: flag 3896 ->
+        # 3728 SASS instructions, 234 -> 202 registers); 2^c_last >= 2^-116 under bounded gates, a normal fp32
+        d_last = tl.math.exp2(c_last)
+        k_r = k_i * d_last[None, :]
         p_tok = (t0 + rows[:, None]) * (HV * K) + i_hv * K + o_k[None, :]
         tl.store(qd + p_tok, q_d.to(qd.dtype.element_ty), mask=m)
         tl.store(kd + p_tok, k_d.to(kd.dtype.element_ty), mask=m)
@@ -115,7 +118,7 @@ def kda16_prep_kernel(q, k, g, beta, qd, kd, kr, inv, mqk, dec, cu_seqlens, chun
             a_l = tl.dot(k_d, tl.trans(k_i), a_l, input_precision="tf32x3")
             a_m = tl.dot(q_d, tl.trans(k_i), a_m, input_precision="tf32x3")
         # after the products: stored before them it left the one-step form 752 B of stack at one warp, not 256
-        tl.store(dec + slot * K + o_k, tl.math.exp2(c_last), mask=o_k < K)
+        tl.store(dec + slot * K + o_k, d_last, mask=o_k < K)
     lower = rows[:, None] > rows[None, :]
     a_l = tl.where(lower, a_l * b_beta[:, None], 0.0)
     a_m = tl.where(lower | (rows[:, None] == rows[None, :]), a_m, 0.0)
