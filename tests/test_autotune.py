@@ -92,6 +92,21 @@ def test_fused_qk_loop_also_searches_where_k_rstd_comes_from():
         validate(GDNConfig(state_out=KernelConfig(BK=64, BV=32, k_rstd_tile=True)), 128, 128)
 
 
+def test_kda16_prep_searches_its_step_and_where_the_fused_sums_come_from():
+    """kda16_prep searches BK (its K channels a step) in every variant and mma_sums under the fused routes only (the
+    plain variant takes no sums); other kernels may not set mma_sums."""
+    from gdnbench.kernels.config import GDNConfig, KernelConfig, validate
+
+    plain = dict(at_space.build_space("kda16_prep", 128, 128, "bfloat16", "kda", "plain").dims)
+    assert plain["BK"] == (16, 32, 64, 128) and "mma_sums" not in plain
+    for variant in ("fused_q", "fused_qk"):
+        space = at_space.build_space("kda16_prep", 128, 128, "bfloat16", "kda", variant)
+        assert dict(space.dims)["mma_sums"] == (False, True) and space.start["mma_sums"] is False
+        assert space.is_valid({**space.start, "mma_sums": True, "BK": 64})
+    with pytest.raises(ValueError, match="mma_sums"):
+        validate(GDNConfig(kda_chunk16=True, kda16_loop=KernelConfig(BV=64, mma_sums=True)), 128, 128, 2, "kda")
+
+
 def test_aqk_searches_when_it_loads_the_gates():
     """aqk's every variant has early_gates first, at its default False (the shipped entries' code)."""
     for variant in ("plain", "fused_q", "fused_qk"):

@@ -107,14 +107,16 @@ def _round_kernel(x, y):
     tl.store(y + o, _tf32(tl.load(x + o)))
 
 
-@pytest.mark.parametrize("norm", ["flag", "fused_qk"])
-def test_tf32_grams_match_the_recurrence(norm):
+@pytest.mark.parametrize("norm,mma_sums", [("flag", False), ("fused_qk", False), ("fused_qk", True)])
+def test_tf32_grams_match_the_recurrence(norm, mma_sums):
     """kda16_prep.tf32_grams (16-bit storage): the grams as one tf32 product of operands rounded to tf32, summed
-    over two 16-channel steps; fused_qk's row sums of squares from x x^T on 16-bit rows in those steps."""
+    over two 16-channel steps; fused_qk's row sums of squares from the squares or (mma_sums) from x x^T on 16-bit
+    rows in those steps."""
     cu = torch.tensor([0, 37, 101], dtype=torch.int64)
     q, k, v, g, beta, s0 = make_inputs(1, 101, 2, 4, 32, 48, torch.float16, n_seqs=2, h0=True, seed=5)
     base = chunk16(32, 48, torch.float16)
-    cfg = dataclasses.replace(base, kda16_prep=dataclasses.replace(base.kda16_prep, tf32_grams=True, BK=16))
+    cfg = dataclasses.replace(base, kda16_prep=dataclasses.replace(base.kda16_prep, tf32_grams=True, BK=16,
+                                                                   mma_sums=mma_sums))
     check(norm, torch.float16, q, k, v, g, beta, s0, cu, config=cfg)
     with pytest.raises(ValueError, match="only kda16_prep forms tile grams"):
         validate(dataclasses.replace(base, kda16_loop=dataclasses.replace(base.kda16_loop, tf32_grams=True)), 32, 48,

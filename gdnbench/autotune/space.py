@@ -7,7 +7,7 @@ and maxnreg: None (the compiler's choice) plus caps 64, 72, .., 248 (every multi
 ptxas accepts between 64 and 255); fused_out also its segments per sequence (1, 2, 4, 8) and
 split_v (at 4 or 8 segments), early_beta and beta_ahead, and under fused_qk k_rstd_tile; aqk early_gates; gram and aqk
 heads_first; kda16_prep
-also tf32_grams (its BK: the K channels a step). Points that :func:`gdnbench.kernels.config.validate` (the same function the defaults pass)
+also tf32_grams (its BK: the K channels a step) and, under the fused routes, mma_sums. Points that :func:`gdnbench.kernels.config.validate` (the same function the defaults pass)
 rejects - shared memory, block divisibility, register file - are pruned before anything runs. The other
 kernels keep the shape's default config.
 """
@@ -59,6 +59,8 @@ def dimensions(kernel: str, K: int, V: int, variant: str = "plain") -> list[tupl
     first = {"fused_out": [("early_beta", (False, True)), ("beta_ahead", (False, True))],
              "aqk": [("early_gates", (False, True)), ("heads_first", (False, True))],
              "gram": [("heads_first", (False, True))]}.get(kernel, [])
+    if kernel == "kda16_prep" and variant != "plain":
+        segs = segs + [("mma_sums", (False, True))]
     if kernel == "fused_out" and variant == "fused_qk":
         # where k's rstd comes from: its own vector or aqk's tile (H200, the loop alone, kernels/fused_fwd.py: the
         # tile searched 803 us at h16_hv32_fixed32k against 893; at 2 stages it cost 192 -> 346 at h16_hv48_uniform)

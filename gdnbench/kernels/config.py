@@ -53,6 +53,10 @@ class KernelConfig:
     # kda16_prep only, 16-bit storage: the tile grams as one tf32 product of operands rounded to tf32 first (to
     # nearest) instead of tf32x3; offline sm_90 198 registers and no stack at 4 warps, against tf32x3's 255 and 8-16 B
     tf32_grams: bool = False
+    # kda16_prep under fused_q / fused_qk only, 16-bit storage, K in steps: the rows' sums of squares as the diagonal of
+    # x x^T on the tensor cores, not the squares' row sums (offline, sm_90, one warp, BK 64: fused_q 3760 SASS
+    # instructions at 255 registers, against 3912 at 214)
+    mma_sums: bool = False
     # fused_out only: beta's rows loaded before each chunk step's first product (kernels/fused_fwd.py), not after k h
     early_beta: bool = False
     # fused_out only, over early_beta (which it makes moot): each step loads the next chunk's beta rows and uses the
@@ -287,6 +291,7 @@ def validate(config: GDNConfig, K: int, V: int, dtype_bytes: int = 2, family: st
 
 # KernelConfig flags that only some kernels' code reads: flag -> (those kernels, what they do)
 _OWNED_FLAGS = {"tf32_grams": (("kda16_prep",), "forms tile grams"),
+                "mma_sums": (("kda16_prep",), "takes sums of squares on the tensor cores"),
                 "early_beta": (("fused_out",), "has that load order"),
                 "beta_ahead": (("fused_out",), "has that load order"),
                 "k_rstd_tile": (("fused_out",), "reads k's rstd in a tile"),

@@ -27,23 +27,24 @@ from .state import _sequence_span
 
 
 @triton.jit
-def _rstd(ptr, rows, valid, stride, K: tl.constexpr, BK: tl.constexpr, BKS: tl.constexpr):
-    """1 / sqrt(sum x^2 + 1e-6) of the rows of a [16, K] head slice, BKS columns a step.  16-bit x in steps: the sums
-    are the diagonal of x x^T on the tensor cores (16-bit products are exact in fp32); offline (sm_90, one warp,
-    tf32_grams, BK 64) the prepare kernel takes 3888 SASS instructions so under fused_q against 4056 from the squares'
-    row sums (flag 3896), 4192 against 4336 under fused_qk; in one step it left 840 B of stack against 232.  fp32 x,
-    or one step: the squares' row sums."""
+def _rstd(ptr, rows, valid, stride, K: tl.constexpr, BK: tl.constexpr, BKS: tl.constexpr, MMA: tl.constexpr):
+    """1 / sqrt(sum x^2 + 1e-6) of the rows of a [16, K] head slice, BKS columns a step: the squares' row sums, or
+    (MMA, 16-bit x, in steps) the diagonal of x x^T on the tensor cores (16-bit products are exact in fp32).
+    Offline (sm_90, one warp, tf32_grams, BK 64) MMA takes fewer instructions and more registers: the prepare
+    kernel 3760 SASS instructions at 255 registers under fused_q against 3912 at 214, 4064 at 255 against 4152 at
+    248 under fused_qk (flag 3728 at 202); in one step it left 840 B of stack against 232, so there the row sums
+    stay.  Which wins is the search's (``KernelConfig.mma_sums``)."""
     xx = tl.zeros([16, 16], dtype=tl.float32)
     ssq = tl.zeros([16], dtype=tl.float32)
     for k0 in tl.static_range(0, BK, BKS):
         o_k = k0 + tl.arange(0, BKS)
         x = tl.load(ptr + rows[:, None] * stride + o_k[None, :], mask=valid[:, None] & (o_k < K)[None, :],
                     other=0.0)
-        if x.dtype == tl.float32 or BKS == BK:
+        if not MMA or x.dtype == tl.float32 or BKS == BK:
             ssq += tl.sum(x.to(tl.float32) * x.to(tl.float32), 1)
         else:
             xx = tl.dot(x, tl.trans(x), xx)
-    if ptr.dtype.element_ty != tl.float32 and BKS < BK:
+    if MMA and ptr.dtype.element_ty != tl.float32 and BKS < BK:
         ssq = tl.sum(tl.where(rows[:, None] == rows[None, :], xx, 0.0), 1)
     return tl.rsqrt(ssq + 1e-6)
 
@@ -59,13 +60,14 @@ def _tf32(x):
 def kda16_prep_kernel(q, k, g, beta, qd, kd, kr, inv, mqk, dec, cu_seqlens, chunk_indices, T, NT, scale,
                       H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, BK: tl.constexpr, BKS: tl.constexpr,
                       IS_VARLEN: tl.constexpr, NORM_Q: tl.constexpr, NORM_K: tl.constexpr,
-                      TF32_GRAMS: tl.constexpr):
+                      TF32_GRAMS: tl.constexpr, MMA_SUMS: tl.constexpr):
     """Grid (64-token chunks, B*HV, 4): tile i_s of chunk i_c.  q, k [B,T,H,K]; g [B,T,HV,K] natural-log gates;
     beta [B,T,HV]; qd, kd, kr [B,T,HV,K] in k's dtype; inv, mqk [chunks*4, HV, 16, 16] in k's dtype; dec
     [chunks*4, HV, K] fp32 (2^c_last).  The grams take fp32 operands (fp32's exponent range holds k 2^-c; a
     16-bit k would not in fp16), as tf32x3 products or (TF32_GRAMS) one tf32 product of rounded operands.
     BKS of the K channels a step (``KernelConfig.BK``; the gate's cumsum runs per channel, the grams accumulate
-    over the steps); under NORM_Q / NORM_K the rows' sums of squares are taken first, in the same steps."""
+    over the steps); under NORM_Q / NORM_K the rows' sums of squares are taken first, in the same steps (MMA_SUMS:
+    on the tensor cores)."""
     i_c, i_bh, i_s = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     i_b, i_hv = i_bh // HV, i_bh % HV
     i_h = i_hv // (HV // H)
@@ -78,9 +80,9 @@ def kda16_prep_kernel(q, k, g, beta, qd, kd, kr, inv, mqk, dec, cu_seqlens, chun
     p_k = k + t0 * (H * K) + i_h * K
     r_q = tl.full([16], 1.0, tl.float32) * scale  # q_d's row scale: the attention scale, times q's rstd
     if NORM_Q:
-        r_q = r_q * _rstd(p_q, rows, valid, H * K, K, BK, BKS)
+        r_q = r_q * _rstd(p_q, rows, valid, H * K, K, BK, BKS, MMA_SUMS)
     if NORM_K:
-        r_k = _rstd(p_k, rows, valid, H * K, K, BK, BKS)
+        r_k = _rstd(p_k, rows, valid, H * K, K, BK, BKS, MMA_SUMS)
     b_beta = tl.load(beta + (t0 + rows) * HV + i_hv, mask=valid, other=0.0).to(tl.float32)
     slot = (i_g * 4 + i_s) * HV + i_hv
     a_l = tl.zeros([16, 16], dtype=tl.float32)

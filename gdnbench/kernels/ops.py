@@ -539,7 +539,8 @@ def kda16_prepare(q, k, g, beta, *, scale, norm_q=False, norm_k=False, varlen=No
     _launch(kda16_prep_kernel, (n_chunks, B * HV, 4), config.kda16_prep,
             q, k, g, beta, qd, kd, kr, inv, mqk, dec, *_varlen_args(varlen), T, NT, float(scale), H=H, HV=HV, K=K,
             BK=next_pow2(K), BKS=kda16_step(config.kda16_prep, K), IS_VARLEN=varlen is not None, NORM_Q=norm_q,
-            NORM_K=norm_k, TF32_GRAMS=config.kda16_prep.tf32_grams and k.dtype != torch.float32, hooks=on_launch)
+            NORM_K=norm_k, TF32_GRAMS=config.kda16_prep.tf32_grams and k.dtype != torch.float32,
+            MMA_SUMS=config.kda16_prep.mma_sums and k.dtype != torch.float32, hooks=on_launch)
     return dict(qd=qd, kd=kd, kr=kr, inv=inv, mqk=mqk, dec=dec)
 
 
