@@ -55,7 +55,7 @@ class KernelConfig:
     tf32_grams: bool = False
     # kda16_prep under fused_q / fused_qk only, 16-bit storage, K in steps: the rows' sums of squares as the diagonal of
     # x x^T on the tensor cores, not the squares' row sums (offline, sm_90, one warp, BK 64: fused_q 3760 SASS
-    # instructions at 255 registers, against 3912 at 214)
+    # instructions at 255 registers, against 3912 at 210)
     mma_sums: bool = False
     # fused_out only: beta's rows loaded before each chunk step's first product (kernels/fused_fwd.py), not after k h
     early_beta: bool = False

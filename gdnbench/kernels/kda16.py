@@ -31,21 +31,23 @@ def _rstd(ptr, rows, valid, stride, K: tl.constexpr, BK: tl.constexpr, BKS: tl.c
     """1 / sqrt(sum x^2 + 1e-6) of the rows of a [16, K] head slice, BKS columns a step: the squares' row sums, or
     (MMA, 16-bit x, in steps) the diagonal of x x^T on the tensor cores (16-bit products are exact in fp32).
     Offline (sm_90, one warp, tf32_grams, BK 64) MMA takes fewer instructions and more registers: the prepare
-    kernel 3760 SASS instructions at 255 registers under fused_q against 3912 at 214, 4064 at 255 against 4152 at
-    248 under fused_qk (flag 3728 at 202); in one step it left 840 B of stack against 232, so there the row sums
-    stay.  Which wins is the search's (``KernelConfig.mma_sums``)."""
+    kernel 3760 SASS instructions at 255 registers under fused_q against 3912 at 210, 4064 at 255 against 4144 at
+    230 under fused_qk (flag 3728 at 202); in one step it left 840 B of stack against the row sums' 232 (measured
+    before k_r came from k_i), so there the row sums stay.  Which wins is the search's (``KernelConfig.mma_sums``)."""
     xx = tl.zeros([16, 16], dtype=tl.float32)
-    ssq = tl.zeros([16], dtype=tl.float32)
+    sq = tl.zeros([16, BKS], dtype=tl.float32)  # the squares summed over the steps, then over the row once
     for k0 in tl.static_range(0, BK, BKS):
         o_k = k0 + tl.arange(0, BKS)
         x = tl.load(ptr + rows[:, None] * stride + o_k[None, :], mask=valid[:, None] & (o_k < K)[None, :],
                     other=0.0)
         if not MMA or x.dtype == tl.float32 or BKS == BK:
-            ssq += tl.sum(x.to(tl.float32) * x.to(tl.float32), 1)
+            sq += x.to(tl.float32) * x.to(tl.float32)
         else:
             xx = tl.dot(x, tl.trans(x), xx)
     if MMA and ptr.dtype.element_ty != tl.float32 and BKS < BK:
         ssq = tl.sum(tl.where(rows[:, None] == rows[None, :], xx, 0.0), 1)
+    else:
+        ssq = tl.sum(sq, 1)
     return tl.rsqrt(ssq + 1e-6)
 
 
