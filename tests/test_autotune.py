@@ -153,7 +153,8 @@ def test_kda_tasks_per_route():
         ("kda16_prep", "plain", "flag"), ("kda16_loop", "plain", "flag"),
         ("output_fused", "fused_q", "fused_q"), ("kda_state_out", "fused_q", "fused_q"),
         ("kda16_prep", "fused_q", "fused_q"),
-        ("kda_intra", "fuse_k", "fused_qk"), ("wu", "fuse_k", "fused_qk"), ("kda16_prep", "fused_qk", "fused_qk")]
+        ("kda_intra", "fuse_k", "fused_qk"), ("wu", "fuse_k", "fused_qk"), ("kda16_prep", "fused_qk", "fused_qk"),
+        ("kda16_loop", "fuse_k", "fused_qk")]
     assert {t.family for t in tasks} == {"kda"}
     # the state kernel runs plain on every route: KDA's reads kg (k's rstd already in it), GDN's
     # v_new carries k's rstd on its rows
@@ -165,9 +166,9 @@ def test_kda_tasks_per_route():
     assert [tuned.variant_of("aqk", r) for r in ROUTES] == ["plain", "plain", "fused_q", "fused_qk"]
     # the in-loop form's loop: FUSE_Q under both fused routes, FUSE_K under fused_qk too
     assert [tuned.variant_of("fused_out", r) for r in ROUTES] == ["plain", "plain", "fused_q", "fused_qk"]
-    # KDA's 16-token form: the prepare kernel's NORM_Q / NORM_K per route, its loop the same on every route
+    # KDA's 16-token form: the prepare kernel's NORM_Q / NORM_K per route, its loop's NORM_K (raw k rows) under fused_qk
     assert [tuned.variant_of("kda16_prep", r, "kda") for r in ROUTES] == ["plain", "plain", "fused_q", "fused_qk"]
-    assert {tuned.variant_of("kda16_loop", r, "kda") for r in ROUTES} == {"plain"}
+    assert [tuned.variant_of("kda16_loop", r, "kda") for r in ROUTES] == ["plain", "plain", "plain", "fuse_k"]
     assert at_plan.plan_tasks(["fused_qk"], ["gram"], "kda") == [] and at_plan.plan_tasks(["flag"], ["kda_intra"]) == []
 
 
@@ -594,15 +595,17 @@ def test_kda16_choice_times_its_two_kernels_against_the_ones_they_replace(tmp_pa
     save("kda_state_out", 100.0)  # the one pass is chosen (100 < 780): the form is timed against it
     assert tuned.kda16_choice(shape, "flag", ENV, tmp_path) == (
         False, "kda16_prep + kda16_loop 1200.0 us vs kda_intra + wu + kda_state_out 1080.0 us")
-    # fused_qk: its prepare variant is timed; the replaced kernels it has no entry for take flag's
+    # fused_qk: its prepare and loop variants are timed; the replaced kernels it has no entry for take flag's
     assert tuned.kda16_choice(shape, "fused_qk", ENV, tmp_path) == (False, "no tuned kda16_prep")
     save("kda16_prep", 320.0, "fused_qk")
+    assert tuned.kda16_choice(shape, "fused_qk", ENV, tmp_path) == (False, "no tuned kda16_loop")
+    save("kda16_loop", 905.0, "fuse_k")
     assert tuned.kda16_choice(shape, "fused_qk", ENV, tmp_path) == (
-        True, "kda16_prep + kda16_loop 1220.0 us vs kda_intra + wu + state + output_fused 1760.0 us")
+        True, "kda16_prep + kda16_loop 1225.0 us vs kda_intra + wu + state + output_fused 1760.0 us")
     save("kda_intra", 50.0, "fuse_k")
     save("wu", 10.0, "fuse_k")
     assert tuned.kda16_choice(shape, "fused_qk", ENV, tmp_path) == (
-        False, "kda16_prep + kda16_loop 1220.0 us vs kda_intra + wu + state + output_fused 840.0 us")
+        False, "kda16_prep + kda16_loop 1225.0 us vs kda_intra + wu + state + output_fused 840.0 us")
     assert tuned.kda16_choice(dataclasses.replace(shape, lower_bound=None), "flag", ENV, tmp_path) == (False, "")
     assert tuned.kda16_choice(_shape(), "flag", ENV, tmp_path) == (False, "")
     assert tuned.kda16_choice(shape, "flag", None, tmp_path) == (False, "")
@@ -737,9 +740,9 @@ def test_dry_run_lists_kda_searches_for_kda_legacy6():
                    "output_fused variant=fused_q route=fused_q"):
         assert f"{search} {key}" in r.output
     assert "gram variant" not in r.output and "state variant=fuse_k" not in r.output
-    # 4 shape keys (the mixed and uniform sets of a head count share one) x 14 specializations (10, and the
-    # 16-token form's prepare kernel per norm variant and its loop)
-    assert "56 searches, nothing run" in r.output and "output_fused variant=fused_qk" not in r.output
+    # 4 shape keys (the mixed and uniform sets of a head count share one) x 15 specializations (10, and the
+    # 16-token form's prepare kernel per norm variant and its loop's two)
+    assert "60 searches, nothing run" in r.output and "output_fused variant=fused_qk" not in r.output
     assert f"kda16_loop variant=plain route=flag {key}" in r.output
     # --family selects shapes by family: no gdn shape in kda-legacy6, no kda shape with --family gdn
     r = CliRunner().invoke(_app(), ["autotune", "--dry-run", "--shapes", "kda-legacy6", "--family", "gdn"])

@@ -54,8 +54,8 @@ class KernelConfig:
     # nearest) instead of tf32x3; offline sm_90 198 registers and no stack at 4 warps, against tf32x3's 255 and 8-16 B
     tf32_grams: bool = False
     # kda16_prep under fused_q / fused_qk only, 16-bit storage, K in steps: the rows' sums of squares as the diagonal of
-    # x x^T on the tensor cores, not the squares' row sums (offline, sm_90, one warp, BK 64: fused_q 3760 SASS
-    # instructions at 255 registers, against 3912 at 210)
+    # x x^T on the tensor cores, not the squares' row sums (offline, sm_90, one warp, BK 64: fused_q 3776 SASS
+    # instructions at 255 registers, against 3936 at 215)
     mma_sums: bool = False
     # fused_out only: beta's rows loaded before each chunk step's first product (kernels/fused_fwd.py), not after k h
     early_beta: bool = False

@@ -5,18 +5,20 @@ start), k_d = k 2^c, k_i = k 2^-c, q_d = scale q 2^c, k_r = k 2^(c_last - c); th
 k_d k_i^T) and M = lower(q_d k_i^T); INV = (I + L)^-1 by doubling, (I - L)(I + L^2)(I + L^4)(I + L^8) (L^16 = 0),
 stored with beta folded into its columns.  With |g| <= 5 per token (the bounded-gate contract) 2^-c stays within
 2^115 over 16 tokens, inside fp32's and bf16's range, so the grams are single products with no reference point.
-NORM_Q / NORM_K fold the rows' l2 norm in (x / sqrt(sum x^2 + 1e-6), fp32).
+NORM_Q / NORM_K fold the rows' l2 norm in (x / sqrt(sum x^2 + 1e-6), fp32): q's on q_d's row scale; k's rows
+stay raw, their rstd r (from the k gram's diagonal) folded into L, INV and the loop's k_d S (kda16_prep_kernel).
 
 Loop, per (V block, sequence * value head): the state S [K, BV] in fp32 registers, 16 tokens a step:
 
-    U = INV_beta (v - k_d S),  o = q_d S + M U,  S = diag(2^c_last) S + k_r^T U
+    U = INV_beta (v - k_d S),  o = q_d S + M U,  S = diag(2^c_last) S + k_r^T U    (NORM_K: v - diag(r) k_d S)
 
 so w, u, h and v_new never reach memory; per token the prepare kernel writes q_d, k_d, k_r (16-bit) and per tile
 INV, M and 2^c_last.  (FlashKDA, MoonshotAI, CUTLASS: the same split; its recurrence is one program per sequence
 and head, here V is split over programs as in the state kernels.)
 
-Both kernels are searched by the autotuner (kda16_prep per norm variant, kda16_loop once), and the `gdnbench`
-backend takes this form where their tuned times beat the kernels they replace (kernels/tuned.py, kda16_choice).
+Both kernels are searched by the autotuner (kda16_prep per norm variant, kda16_loop plain and NORM_K), and the
+`gdnbench` backend takes this form where their tuned times beat the kernels they replace (kernels/tuned.py,
+kda16_choice).
 """
 
 import triton
@@ -31,9 +33,9 @@ def _rstd(ptr, rows, valid, stride, K: tl.constexpr, BK: tl.constexpr, BKS: tl.c
     """1 / sqrt(sum x^2 + 1e-6) of the rows of a [16, K] head slice, BKS columns a step: the squares' row sums, or
     (MMA, 16-bit x, in steps) the diagonal of x x^T on the tensor cores (16-bit products are exact in fp32).
     Offline (sm_90, one warp, tf32_grams, BK 64) MMA takes fewer instructions and more registers: the prepare
-    kernel 3760 SASS instructions at 255 registers under fused_q against 3912 at 210, 4064 at 255 against 4144 at
-    230 under fused_qk (flag 3728 at 202); in one step it left 840 B of stack against the row sums' 232 (measured
-    before k_r came from k_i), so there the row sums stay.  Which wins is the search's (``KernelConfig.mma_sums``)."""
+    kernel's main path 3776 SASS instructions at 255 registers and 8 B of stack under fused_q against 3936 at 215,
+    3942 at 255 and 24 B under fused_qk against 4126 at 254 (flag 3736 at 199); in one step it left 840 B of stack
+    against the row sums' 232, so there the row sums stay.  Which wins is the search's (``KernelConfig.mma_sums``)."""
     xx = tl.zeros([16, 16], dtype=tl.float32)
     sq = tl.zeros([16, BKS], dtype=tl.float32)  # the squares summed over the steps, then over the row once
     for k0 in tl.static_range(0, BK, BKS):
@@ -59,34 +61,11 @@ def _tf32(x):
 
 
 @triton.jit
-def kda16_prep_kernel(q, k, g, beta, qd, kd, kr, inv, mqk, dec, cu_seqlens, chunk_indices, T, NT, scale,
-                      H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, BK: tl.constexpr, BKS: tl.constexpr,
-                      IS_VARLEN: tl.constexpr, NORM_Q: tl.constexpr, NORM_K: tl.constexpr,
-                      TF32_GRAMS: tl.constexpr, MMA_SUMS: tl.constexpr):
-    """Grid (64-token chunks, B*HV, 4): tile i_s of chunk i_c.  q, k [B,T,H,K]; g [B,T,HV,K] natural-log gates;
-    beta [B,T,HV]; qd, kd, kr [B,T,HV,K] in k's dtype; inv, mqk [chunks*4, HV, 16, 16] in k's dtype; dec
-    [chunks*4, HV, K] fp32 (2^c_last).  The grams take fp32 operands (fp32's exponent range holds k 2^-c; a
-    16-bit k would not in fp16), as tf32x3 products or (TF32_GRAMS) one tf32 product of rounded operands.
-    BKS of the K channels a step (``KernelConfig.BK``; the gate's cumsum runs per channel, the grams accumulate
-    over the steps); under NORM_Q / NORM_K the rows' sums of squares are taken first, in the same steps (MMA_SUMS:
-    on the tensor cores)."""
-    i_c, i_bh, i_s = tl.program_id(0), tl.program_id(1), tl.program_id(2)
-    i_b, i_hv = i_bh // HV, i_bh % HV
-    i_h = i_hv // (HV // H)
-    tok0, n_valid, i_g = chunk_coords(i_c, i_b, T, NT, cu_seqlens, chunk_indices, 64, IS_VARLEN)
-    t0 = tok0 + i_s * 16
-    n = n_valid - i_s * 16
-    rows = tl.arange(0, 16)
-    valid = rows < n
-    p_q = q + t0 * (H * K) + i_h * K
-    p_k = k + t0 * (H * K) + i_h * K
-    r_q = tl.full([16], 1.0, tl.float32) * scale  # q_d's row scale: the attention scale, times q's rstd
-    if NORM_Q:
-        r_q = r_q * _rstd(p_q, rows, valid, H * K, K, BK, BKS, MMA_SUMS)
-    if NORM_K:
-        r_k = _rstd(p_k, rows, valid, H * K, K, BK, BKS, MMA_SUMS)
-    b_beta = tl.load(beta + (t0 + rows) * HV + i_hv, mask=valid, other=0.0).to(tl.float32)
-    slot = (i_g * 4 + i_s) * HV + i_hv
+def _tile_steps(p_q, p_k, g, qd, kd, kr, dec, t0, n, rows, valid, i_hv, slot, r_q, r_k, H: tl.constexpr,
+                HV: tl.constexpr, K: tl.constexpr, BK: tl.constexpr, BKS: tl.constexpr, SCALE_K: tl.constexpr,
+                TF32_GRAMS: tl.constexpr):
+    """A tile's BKS-channel steps: q_d (rows times r_q), k_d, k_r (rows times r_k where SCALE_K) and 2^c_last
+    stored; returns the grams k_d k_i^T and q_d k_i^T, summed over the steps."""
     a_l = tl.zeros([16, 16], dtype=tl.float32)
     a_m = tl.zeros([16, 16], dtype=tl.float32)
     for k0 in tl.static_range(0, BK, BKS):
@@ -97,7 +76,7 @@ def kda16_prep_kernel(q, k, g, beta, qd, kd, kr, inv, mqk, dec, cu_seqlens, chun
         c_last = tl.sum(tl.where(rows[:, None] == tl.minimum(n, 16) - 1, c, 0.0), 0)
         b_k = tl.load(p_k + rows[:, None] * (H * K) + o_k[None, :], mask=m, other=0.0).to(tl.float32)
         b_q = tl.load(p_q + rows[:, None] * (H * K) + o_k[None, :], mask=m, other=0.0).to(tl.float32)
-        if NORM_K:
+        if SCALE_K:
             b_k = b_k * r_k[:, None]
         # rows past the tile's end load g = 0 and keep c_last; their k and q are zero
         e = tl.math.exp2(c)
@@ -123,8 +102,19 @@ def kda16_prep_kernel(q, k, g, beta, qd, kd, kr, inv, mqk, dec, cu_seqlens, chun
             a_m = tl.dot(q_d, tl.trans(k_i), a_m, input_precision="tf32x3")
         # after the products: stored before them it left the one-step form 752 B of stack at one warp, not 256
         tl.store(dec + slot * K + o_k, d_last, mask=o_k < K)
+    return a_l, a_m
+
+
+@triton.jit
+def _solve_store(a_l, a_m, b_beta, r_k, inv, mqk, slot, rows, SCALE: tl.constexpr):
+    """L = strict-lower(diag(beta) G) from the k gram G = k_d k_i^T, or (SCALE, raw k rows with rstd r)
+    strict-lower(diag(beta r) G diag(r)); INV = (I + L)^-1 by doubling, stored as INV diag(beta) (SCALE:
+    diag(r) INV diag(beta)); M = lower(q_d k_i^T)."""
     lower = rows[:, None] > rows[None, :]
-    a_l = tl.where(lower, a_l * b_beta[:, None], 0.0)
+    if SCALE:
+        a_l = tl.where(lower, a_l * (b_beta * r_k)[:, None] * r_k[None, :], 0.0)
+    else:
+        a_l = tl.where(lower, a_l * b_beta[:, None], 0.0)
     a_m = tl.where(lower | (rows[:, None] == rows[None, :]), a_m, 0.0)
     eye = tl.where(rows[:, None] == rows[None, :], 1.0, 0.0)
     x = eye - a_l
@@ -135,16 +125,95 @@ def kda16_prep_kernel(q, k, g, beta, qd, kd, kr, inv, mqk, dec, cu_seqlens, chun
     p = tl.dot(p, p, input_precision="tf32x3")
     x = x + tl.dot(x, p, input_precision="tf32x3")
     x = x * b_beta[None, :]  # U = INV diag(beta) (v - k_d S)
+    if SCALE:
+        x = x * r_k[:, None]  # U' = diag(r) INV diag(beta) (v - diag(r) k_d S)
     p_tile = slot * 256 + rows[:, None] * 16 + rows[None, :]
     tl.store(inv + p_tile, x.to(inv.dtype.element_ty))
     tl.store(mqk + p_tile, a_m.to(mqk.dtype.element_ty))
 
 
+@triton.jit
+def _tile_beta(beta, t0, n, i_hv, HV: tl.constexpr):
+    rows = tl.arange(0, 16)
+    return tl.load(beta + (t0 + rows) * HV + i_hv, mask=rows < n, other=0.0).to(tl.float32)
+
+
+@triton.jit(noinline=True)
+def _prep_redo(p_q, p_k, g, beta, qd, kd, kr, inv, mqk, dec, rk, t0, n, i_hv, slot, scale, H: tl.constexpr,
+               HV: tl.constexpr, K: tl.constexpr, BK: tl.constexpr, BKS: tl.constexpr, NORM_Q: tl.constexpr,
+               TF32_GRAMS: tl.constexpr, MMA_SUMS: tl.constexpr):
+    """NORM_K's rare path: the tile again with k's rows normalized on load, r = 1.  A call, not inlined (as
+    gram_solve's rare path): offline (sm_90, one warp, tf32_grams) a branch in the main program left 848 B of
+    stack at BK 128 and 8 at BK 64, the call 304 and none."""
+    rows = tl.arange(0, 16)
+    valid = rows < n
+    r_q = tl.full([16], 1.0, tl.float32) * scale
+    if NORM_Q:
+        r_q = r_q * _rstd(p_q, rows, valid, H * K, K, BK, BKS, MMA_SUMS)
+    r_k = _rstd(p_k, rows, valid, H * K, K, BK, BKS, MMA_SUMS)
+    a_l, a_m = _tile_steps(p_q, p_k, g, qd, kd, kr, dec, t0, n, rows, valid, i_hv, slot, r_q, r_k, H, HV, K, BK,
+                           BKS, True, TF32_GRAMS)
+    _solve_store(a_l, a_m, _tile_beta(beta, t0, n, i_hv, HV), r_k, inv, mqk, slot, rows, False)
+    tl.store(rk + slot * 16 + rows, tl.full([16], 1.0, tl.float32))
+
+
+@triton.jit
+def kda16_prep_kernel(q, k, g, beta, qd, kd, kr, inv, mqk, dec, rk, cu_seqlens, chunk_indices, T, NT, scale,
+                      H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, BK: tl.constexpr, BKS: tl.constexpr,
+                      IS_VARLEN: tl.constexpr, NORM_Q: tl.constexpr, NORM_K: tl.constexpr,
+                      TF32_GRAMS: tl.constexpr, MMA_SUMS: tl.constexpr):
+    """Grid (64-token chunks, B*HV, 4): tile i_s of chunk i_c.  q, k [B,T,H,K]; g [B,T,HV,K] natural-log gates;
+    beta [B,T,HV]; qd, kd, kr [B,T,HV,K] in k's dtype; inv, mqk [chunks*4, HV, 16, 16] in k's dtype; dec
+    [chunks*4, HV, K] fp32 (2^c_last).  The grams take fp32 operands (fp32's exponent range holds k 2^-c; a
+    16-bit k would not in fp16), as tf32x3 products or (TF32_GRAMS) one tf32 product of rounded operands.
+    BKS of the K channels a step (``KernelConfig.BK``; the gate's cumsum runs per channel, the grams accumulate
+    over the steps).  NORM_Q: q's row sums of squares first, in the same steps (MMA_SUMS: on the tensor cores);
+    its rstd rides on q_d's scale.  NORM_K: k's rows stay raw (k_d, k_r stored so) and their sums of squares are
+    the k gram's diagonal; rk [chunks*4, HV, 16] fp32 gets k's rstd r, which the loop applies to k_d S; the grams
+    and INV take it here:
+
+        L = diag(beta r) G diag(r) (strictly lower),  M = q_d k_i^T of raw k,  INV' = diag(r) INV diag(beta)
+
+    so the loop's U' = diag(r) U is what o (M U) and the state update (k_r^T U) take on raw k.  A tile with a row
+    whose sum of squares reaches 2^24 (|k| >= 2^12, where k 2^-c may overflow at the lower bound) is redone with its
+    rows normalized on load and r = 1 (_prep_redo)."""
+    i_c, i_bh, i_s = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+    i_b, i_hv = i_bh // HV, i_bh % HV
+    i_h = i_hv // (HV // H)
+    tok0, n_valid, i_g = chunk_coords(i_c, i_b, T, NT, cu_seqlens, chunk_indices, 64, IS_VARLEN)
+    t0 = tok0 + i_s * 16
+    n = n_valid - i_s * 16
+    rows = tl.arange(0, 16)
+    valid = rows < n
+    p_q = q + t0 * (H * K) + i_h * K
+    p_k = k + t0 * (H * K) + i_h * K
+    r_q = tl.full([16], 1.0, tl.float32) * scale  # q_d's row scale: the attention scale, times q's rstd
+    if NORM_Q:
+        r_q = r_q * _rstd(p_q, rows, valid, H * K, K, BK, BKS, MMA_SUMS)
+    b_beta = _tile_beta(beta, t0, n, i_hv, HV)
+    slot = (i_g * 4 + i_s) * HV + i_hv
+    a_l, a_m = _tile_steps(p_q, p_k, g, qd, kd, kr, dec, t0, n, rows, valid, i_hv, slot, r_q, r_q, H, HV, K, BK,
+                           BKS, False, TF32_GRAMS)
+    if NORM_K:
+        ssq = tl.sum(tl.where(rows[:, None] == rows[None, :], a_l, 0.0), 1)  # k_d k_i^T's diagonal: k's squares
+        if tl.max(ssq, 0) < 16777216.0:  # 2^24 (NaN fails it too)
+            r_k = tl.rsqrt(ssq + 1e-6)
+            _solve_store(a_l, a_m, b_beta, r_k, inv, mqk, slot, rows, True)
+            tl.store(rk + slot * 16 + rows, r_k)
+        else:
+            _prep_redo(p_q, p_k, g, beta, qd, kd, kr, inv, mqk, dec, rk, t0, n, i_hv, slot, scale, H, HV, K, BK, BKS,
+                       NORM_Q, TF32_GRAMS, MMA_SUMS)
+    else:
+        _solve_store(a_l, a_m, b_beta, b_beta, inv, mqk, slot, rows, False)
+
+
 @triton.jit(do_not_specialize=["T"])
-def kda16_loop_kernel(qd, kd, kr, v, inv, mqk, dec, o, h0, ht, cu_seqlens, chunk_offsets, T, NT,
+def kda16_loop_kernel(qd, kd, kr, v, inv, mqk, dec, rk, o, h0, ht, cu_seqlens, chunk_offsets, T, NT,
                       HV: tl.constexpr, K: tl.constexpr, BK: tl.constexpr, V: tl.constexpr, BV: tl.constexpr,
-                      IS_VARLEN: tl.constexpr, USE_H0: tl.constexpr, STORE_HT: tl.constexpr, PREC: tl.constexpr):
-    """Grid (cdiv(V, BV), N*HV).  o like v; h0 / ht [N, HV, K, V] fp32."""
+                      IS_VARLEN: tl.constexpr, USE_H0: tl.constexpr, STORE_HT: tl.constexpr, NORM_K: tl.constexpr,
+                      PREC: tl.constexpr):
+    """Grid (cdiv(V, BV), N*HV).  o like v; h0 / ht [N, HV, K, V] fp32.  NORM_K: k_d, k_r raw, k's rstd per row
+    in rk (the prepare kernel's NORM_K)."""
     i_v, i_nh = tl.program_id(0), tl.program_id(1)
     i_n, i_hv = i_nh // HV, i_nh % HV
     bos, seq_len = _sequence_span(cu_seqlens, i_n, T, IS_VARLEN)
@@ -176,7 +245,10 @@ def kda16_loop_kernel(qd, kd, kr, v, inv, mqk, dec, o, h0, ht, cu_seqlens, chunk
         p_v = tok * (HV * V) + i_hv * V + rows[:, None] * (HV * V) + o_v[None, :]
         b_v = tl.load(v + p_v, mask=m_tv, other=0.0).to(tl.float32)
         b_sd = b_s.to(b_kd.dtype)
-        b_x = b_v - tl.dot(b_kd, b_sd, input_precision=PREC)
+        if NORM_K:
+            b_x = b_v - tl.load(rk + slot * 16 + rows)[:, None] * tl.dot(b_kd, b_sd, input_precision=PREC)
+        else:
+            b_x = b_v - tl.dot(b_kd, b_sd, input_precision=PREC)
         b_u = tl.dot(b_inv, b_x.to(b_inv.dtype), input_precision=PREC)
         b_uo = b_u.to(v.dtype.element_ty).to(b_m.dtype)  # U as a two-kernel path would store it
         b_o = tl.dot(b_m, b_uo, tl.dot(b_qd, b_sd, input_precision=PREC), input_precision=PREC)

@@ -72,8 +72,8 @@ def variant_of(kernel: str, route: str, family: str = "gdn") -> str:
     # FUSE_Q / NORM_Q under both fused routes, FUSE_K / NORM_K under fused_qk (aqk's: the bound on raw k)
     if kernel in ("fused_out", "kda16_prep", "aqk"):
         return route if route.startswith("fused") else "plain"
-    if kernel == "kda16_loop":  # reads what the prepare kernel wrote, whatever the route
-        return "plain"
+    if kernel == "kda16_loop":  # NORM_K under fused_qk (k's rows raw, their rstd per row); else one kernel
+        return "fuse_k" if route == "fused_qk" else "plain"
     if kernel in ONE_PASS_KERNELS + ("kda_state_out",) and route.startswith("fused"):
         return "fused_q"  # FUSE_Q: q raw (under fused_qk, k's rstd rides on w, u and v_new; KDA's on kg and Aqk)
     fuse_k = ("gram", "wu") if family == "gdn" else ("kda_intra", "wu")
