@@ -33,9 +33,9 @@ def _rstd(ptr, rows, valid, stride, K: tl.constexpr, BK: tl.constexpr, BKS: tl.c
     """1 / sqrt(sum x^2 + 1e-6) of the rows of a [16, K] head slice, BKS columns a step: the squares' row sums, or
     (MMA, 16-bit x, in steps) the diagonal of x x^T on the tensor cores (16-bit products are exact in fp32).
     Offline (sm_90, one warp, tf32_grams, BK 64) MMA takes fewer instructions and more registers: the prepare
-    kernel's main path 3776 SASS instructions at 255 registers and 8 B of stack under fused_q against 3936 at 215,
-    3942 at 255 and 24 B under fused_qk against 4126 at 254 (flag 3736 at 199); in one step it left 840 B of stack
-    against the row sums' 232, so there the row sums stay.  Which wins is the search's (``KernelConfig.mma_sums``)."""
+    kernel's common path (to its first EXIT) 3751 SASS instructions at 255 registers and 16 B of stack under fused_q
+    against 3900 at 210, 3818 at 255 and 24 B under fused_qk against 4002 at 254 (flag 3719 at 202); in one step it
+    left 840 B of stack against the row sums' 232, so there the row sums stay.  Which wins is the search's (``KernelConfig.mma_sums``)."""
     xx = tl.zeros([16, 16], dtype=tl.float32)
     sq = tl.zeros([16, BKS], dtype=tl.float32)  # the squares summed over the steps, then over the row once
     for k0 in tl.static_range(0, BK, BKS):
@@ -143,8 +143,8 @@ def _prep_redo(p_q, p_k, g, beta, qd, kd, kr, inv, mqk, dec, rk, t0, n, i_hv, sl
                HV: tl.constexpr, K: tl.constexpr, BK: tl.constexpr, BKS: tl.constexpr, NORM_Q: tl.constexpr,
                TF32_GRAMS: tl.constexpr, MMA_SUMS: tl.constexpr):
     """NORM_K's rare path: the tile again with k's rows normalized on load, r = 1.  A call, not inlined (as
-    gram_solve's rare path): offline (sm_90, one warp, tf32_grams) a branch in the main program left 848 B of
-    stack at BK 128 and 8 at BK 64, the call 304 and none."""
+    gram_solve's rare path): offline (sm_90, one warp, tf32_grams) inlined it left 632 B of stack at BK 128, 56 at
+    BK 64 and 360 at BK 64 with mma_sums; the call 56, none and 24."""
     rows = tl.arange(0, 16)
     valid = rows < n
     r_q = tl.full([16], 1.0, tl.float32) * scale
