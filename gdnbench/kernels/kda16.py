@@ -6,7 +6,8 @@ k_d k_i^T) and M = lower(q_d k_i^T); INV = (I + L)^-1 by doubling, (I - L)(I + L
 stored with beta folded into its columns.  With |g| <= 5 per token (the bounded-gate contract) 2^-c stays within
 2^115 over 16 tokens, inside fp32's and bf16's range, so the grams are single products with no reference point.
 NORM_Q / NORM_K fold the rows' l2 norm in (x / sqrt(sum x^2 + 1e-6), fp32): q's on q_d's row scale; k's rows
-stay raw, their rstd r (from the k gram's diagonal) folded into L, INV and the loop's k_d S (kda16_prep_kernel).
+stay raw in the grams and k_d, their rstd r (the k gram's diagonal) folded into L, M and k_r and applied to the
+loop's k_d S (kda16_prep_kernel).
 
 Loop, per (V block, sequence * value head): the state S [K, BV] in fp32 registers, 16 tokens a step:
 
@@ -34,8 +35,9 @@ def _rstd(ptr, rows, valid, stride, K: tl.constexpr, BK: tl.constexpr, BKS: tl.c
     (MMA, 16-bit x, in steps) the diagonal of x x^T on the tensor cores (16-bit products are exact in fp32).
     Offline (sm_90, one warp, tf32_grams, BK 64) MMA takes fewer instructions and more registers: the prepare
     kernel's common path (to its first EXIT) 3751 SASS instructions at 255 registers and 16 B of stack under fused_q
-    against 3900 at 210, 3818 at 255 and 24 B under fused_qk against 4002 at 254 (flag 3719 at 202); in one step it
-    left 840 B of stack against the row sums' 232, so there the row sums stay.  Which wins is the search's (``KernelConfig.mma_sums``)."""
+    against 3900 at 210 (flag 3719 at 202), and under fused_qk, whose rows K steps normalize on load, 4088 in all
+    at 255 and 16 B against 4200 at 254; in one step it left 840 B of stack against the row sums' 232, so there
+    the row sums stay.  Which wins is the search's (``KernelConfig.mma_sums``)."""
     xx = tl.zeros([16, 16], dtype=tl.float32)
     sq = tl.zeros([16, BKS], dtype=tl.float32)  # the squares summed over the steps, then over the row once
     for k0 in tl.static_range(0, BK, BKS):
@@ -63,11 +65,13 @@ def _tf32(x):
 @triton.jit
 def _tile_steps(p_q, p_k, g, qd, kd, kr, dec, t0, n, rows, valid, i_hv, slot, r_q, r_k, H: tl.constexpr,
                 HV: tl.constexpr, K: tl.constexpr, BK: tl.constexpr, BKS: tl.constexpr, SCALE_K: tl.constexpr,
-                TF32_GRAMS: tl.constexpr):
+                TF32_GRAMS: tl.constexpr, DEFER_KR: tl.constexpr = False):
     """A tile's BKS-channel steps: q_d (rows times r_q), k_d, k_r (rows times r_k where SCALE_K) and 2^c_last
-    stored; returns the grams k_d k_i^T and q_d k_i^T, summed over the steps."""
+    stored; returns the grams k_d k_i^T and q_d k_i^T, summed over the steps, and (DEFER_KR, one step) k_r unstored
+    in fp32, for the caller to scale by rows it learns from the grams."""
     a_l = tl.zeros([16, 16], dtype=tl.float32)
     a_m = tl.zeros([16, 16], dtype=tl.float32)
+    k_r_out = tl.zeros([16, BKS], dtype=tl.float32)
     for k0 in tl.static_range(0, BK, BKS):
         o_k = k0 + tl.arange(0, BKS)
         m = valid[:, None] & (o_k < K)[None, :]
@@ -90,7 +94,10 @@ def _tile_steps(p_q, p_k, g, qd, kd, kr, dec, t0, n, rows, valid, i_hv, slot, r_
         p_tok = (t0 + rows[:, None]) * (HV * K) + i_hv * K + o_k[None, :]
         tl.store(qd + p_tok, q_d.to(qd.dtype.element_ty), mask=m)
         tl.store(kd + p_tok, k_d.to(kd.dtype.element_ty), mask=m)
-        tl.store(kr + p_tok, k_r.to(kr.dtype.element_ty), mask=m)
+        if DEFER_KR:
+            k_r_out = k_r
+        else:
+            tl.store(kr + p_tok, k_r.to(kr.dtype.element_ty), mask=m)
         # a tf32 product truncates its fp32 operands, which biased o by 7e-4 on the H200 (budget 8e-5): tf32x3, or
         # operands rounded to tf32 first (TF32_GRAMS, 16-bit storage)
         if TF32_GRAMS:
@@ -102,20 +109,21 @@ def _tile_steps(p_q, p_k, g, qd, kd, kr, dec, t0, n, rows, valid, i_hv, slot, r_
             a_m = tl.dot(q_d, tl.trans(k_i), a_m, input_precision="tf32x3")
         # after the products: stored before them it left the one-step form 752 B of stack at one warp, not 256
         tl.store(dec + slot * K + o_k, d_last, mask=o_k < K)
-    return a_l, a_m
+    return a_l, a_m, k_r_out
 
 
 @triton.jit
 def _solve_store(a_l, a_m, b_beta, r_k, inv, mqk, slot, rows, SCALE: tl.constexpr):
-    """L = strict-lower(diag(beta) G) from the k gram G = k_d k_i^T, or (SCALE, raw k rows with rstd r)
-    strict-lower(diag(beta r) G diag(r)); INV = (I + L)^-1 by doubling, stored as INV diag(beta) (SCALE:
-    diag(r) INV diag(beta)); M = lower(q_d k_i^T)."""
+    """L = strict-lower(diag(beta) G) from the k gram G = k_d k_i^T and M = lower(q_d k_i^T), or (SCALE, raw k rows
+    with rstd r) strict-lower(diag(beta r) G diag(r)) and lower(q_d k_i^T) diag(r); INV = (I + L)^-1 by doubling,
+    stored as INV diag(beta)."""
     lower = rows[:, None] > rows[None, :]
     if SCALE:
         a_l = tl.where(lower, a_l * (b_beta * r_k)[:, None] * r_k[None, :], 0.0)
+        a_m = tl.where(lower | (rows[:, None] == rows[None, :]), a_m * r_k[None, :], 0.0)
     else:
         a_l = tl.where(lower, a_l * b_beta[:, None], 0.0)
-    a_m = tl.where(lower | (rows[:, None] == rows[None, :]), a_m, 0.0)
+        a_m = tl.where(lower | (rows[:, None] == rows[None, :]), a_m, 0.0)
     eye = tl.where(rows[:, None] == rows[None, :], 1.0, 0.0)
     x = eye - a_l
     p = tl.dot(a_l, a_l, input_precision="tf32x3")  # L^2, L^4, L^8: strictly lower, nilpotent
@@ -124,9 +132,7 @@ def _solve_store(a_l, a_m, b_beta, r_k, inv, mqk, slot, rows, SCALE: tl.constexp
     x = x + tl.dot(x, p, input_precision="tf32x3")
     p = tl.dot(p, p, input_precision="tf32x3")
     x = x + tl.dot(x, p, input_precision="tf32x3")
-    x = x * b_beta[None, :]  # U = INV diag(beta) (v - k_d S)
-    if SCALE:
-        x = x * r_k[:, None]  # U' = diag(r) INV diag(beta) (v - diag(r) k_d S)
+    x = x * b_beta[None, :]  # U = INV diag(beta) (v - k_d S)  (SCALE: v - diag(r) k_d S)
     p_tile = slot * 256 + rows[:, None] * 16 + rows[None, :]
     tl.store(inv + p_tile, x.to(inv.dtype.element_ty))
     tl.store(mqk + p_tile, a_m.to(mqk.dtype.element_ty))
@@ -142,17 +148,18 @@ def _tile_beta(beta, t0, n, i_hv, HV: tl.constexpr):
 def _prep_redo(p_q, p_k, g, beta, qd, kd, kr, inv, mqk, dec, rk, t0, n, i_hv, slot, scale, H: tl.constexpr,
                HV: tl.constexpr, K: tl.constexpr, BK: tl.constexpr, BKS: tl.constexpr, NORM_Q: tl.constexpr,
                TF32_GRAMS: tl.constexpr, MMA_SUMS: tl.constexpr):
-    """NORM_K's rare path: the tile again with k's rows normalized on load, r = 1.  A call, not inlined (as
-    gram_solve's rare path): offline (sm_90, one warp, tf32_grams) inlined it left 632 B of stack at BK 128, 56 at
-    BK 64 and 360 at BK 64 with mma_sums; the call 56, none and 24."""
+    """NORM_K's rare path in one step, and its form in K steps (where k_r is stored before r is known): the tile
+    with k's rows normalized on load, r = 1.  A call, not inlined (as gram_solve's rare path): offline (sm_90, one
+    warp, tf32_grams, BK 128) inlined it left 736 B of stack and 4337 SASS instructions on the common path, the
+    call 176 B and 4167."""
     rows = tl.arange(0, 16)
     valid = rows < n
     r_q = tl.full([16], 1.0, tl.float32) * scale
     if NORM_Q:
         r_q = r_q * _rstd(p_q, rows, valid, H * K, K, BK, BKS, MMA_SUMS)
     r_k = _rstd(p_k, rows, valid, H * K, K, BK, BKS, MMA_SUMS)
-    a_l, a_m = _tile_steps(p_q, p_k, g, qd, kd, kr, dec, t0, n, rows, valid, i_hv, slot, r_q, r_k, H, HV, K, BK,
-                           BKS, True, TF32_GRAMS)
+    a_l, a_m, _ = _tile_steps(p_q, p_k, g, qd, kd, kr, dec, t0, n, rows, valid, i_hv, slot, r_q, r_k, H, HV, K,
+                              BK, BKS, True, TF32_GRAMS)
     _solve_store(a_l, a_m, _tile_beta(beta, t0, n, i_hv, HV), r_k, inv, mqk, slot, rows, False)
     tl.store(rk + slot * 16 + rows, tl.full([16], 1.0, tl.float32))
 
@@ -168,15 +175,19 @@ def kda16_prep_kernel(q, k, g, beta, qd, kd, kr, inv, mqk, dec, rk, cu_seqlens, 
     16-bit k would not in fp16), as tf32x3 products or (TF32_GRAMS) one tf32 product of rounded operands.
     BKS of the K channels a step (``KernelConfig.BK``; the gate's cumsum runs per channel, the grams accumulate
     over the steps).  NORM_Q: q's row sums of squares first, in the same steps (MMA_SUMS: on the tensor cores);
-    its rstd rides on q_d's scale.  NORM_K: k's rows stay raw (k_d, k_r stored so) and their sums of squares are
-    the k gram's diagonal; rk [chunks*4, HV, 16] fp32 gets k's rstd r, which the loop applies to k_d S; the grams
-    and INV take it here:
+    its rstd rides on q_d's scale.  NORM_K, in one step: k's rows stay raw in the grams and k_d, their sums of
+    squares the k gram's diagonal; rk [chunks*4, HV, 16] fp32 gets k's rstd r, which the loop applies to k_d S, and
+    the rest take it here, k_r stored as k_r r once r is known:
 
-        L = diag(beta r) G diag(r) (strictly lower),  M = q_d k_i^T of raw k,  INV' = diag(r) INV diag(beta)
+        L = diag(beta r) G diag(r) (strictly lower),  M = q_d k_i^T diag(r)
 
-    so the loop's U' = diag(r) U is what o (M U) and the state update (k_r^T U) take on raw k.  A tile with a row
-    whose sum of squares reaches 2^24 (|k| >= 2^12, where k 2^-c may overflow at the lower bound) is redone with its
-    rows normalized on load and r = 1 (_prep_redo)."""
+    so the loop's U is the normalized route's.  Carrying r on U instead (U' = diag(r) U against raw M and k_r, k_r
+    stored within the step, 3968 SASS instructions and 56 B of stack at BK 128) raised fused_qk's final-state scale
+    error on the H200 4-20x on kda-legacy6's strong gates (1.15e-4 against a budget of 1.07e-4 at h96_uniform; o's
+    rel-RMS 2.93e-3 -> 3.38e-3); under the interpreter in bf16 the same step and this one measured o at 3.43e-3 and
+    3.29e-3 (T 2048, H 2, K 128), the latter the normalize-on-load form's.  A tile with a row whose sum of squares
+    reaches 2^24 (|k| >= 2^12, where k 2^-c may overflow at the lower bound), and every tile where K comes in steps,
+    is redone with its rows normalized on load and r = 1 (_prep_redo)."""
     i_c, i_bh, i_s = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     i_b, i_hv = i_bh // HV, i_bh % HV
     i_h = i_hv // (HV // H)
@@ -192,19 +203,26 @@ def kda16_prep_kernel(q, k, g, beta, qd, kd, kr, inv, mqk, dec, rk, cu_seqlens, 
         r_q = r_q * _rstd(p_q, rows, valid, H * K, K, BK, BKS, MMA_SUMS)
     b_beta = _tile_beta(beta, t0, n, i_hv, HV)
     slot = (i_g * 4 + i_s) * HV + i_hv
-    a_l, a_m = _tile_steps(p_q, p_k, g, qd, kd, kr, dec, t0, n, rows, valid, i_hv, slot, r_q, r_q, H, HV, K, BK,
-                           BKS, False, TF32_GRAMS)
-    if NORM_K:
-        ssq = tl.sum(tl.where(rows[:, None] == rows[None, :], a_l, 0.0), 1)  # k_d k_i^T's diagonal: k's squares
-        if tl.max(ssq, 0) < 16777216.0:  # 2^24 (NaN fails it too)
-            r_k = tl.rsqrt(ssq + 1e-6)
-            _solve_store(a_l, a_m, b_beta, r_k, inv, mqk, slot, rows, True)
-            tl.store(rk + slot * 16 + rows, r_k)
-        else:
-            _prep_redo(p_q, p_k, g, beta, qd, kd, kr, inv, mqk, dec, rk, t0, n, i_hv, slot, scale, H, HV, K, BK, BKS,
-                       NORM_Q, TF32_GRAMS, MMA_SUMS)
+    if NORM_K and BKS < BK:  # K in steps: k_r is stored a step at a time, before r is known
+        _prep_redo(p_q, p_k, g, beta, qd, kd, kr, inv, mqk, dec, rk, t0, n, i_hv, slot, scale, H, HV, K, BK, BKS,
+                   NORM_Q, TF32_GRAMS, MMA_SUMS)
     else:
-        _solve_store(a_l, a_m, b_beta, b_beta, inv, mqk, slot, rows, False)
+        a_l, a_m, k_r = _tile_steps(p_q, p_k, g, qd, kd, kr, dec, t0, n, rows, valid, i_hv, slot, r_q, r_q, H, HV, K,
+                                    BK, BKS, False, TF32_GRAMS, NORM_K)
+        if NORM_K:
+            ssq = tl.sum(tl.where(rows[:, None] == rows[None, :], a_l, 0.0), 1)  # k_d k_i^T's diagonal: k's squares
+            if tl.max(ssq, 0) < 16777216.0:  # 2^24 (NaN fails it too)
+                r_k = tl.rsqrt(ssq + 1e-6)
+                o_k = tl.arange(0, BKS)
+                tl.store(kr + (t0 + rows[:, None]) * (HV * K) + i_hv * K + o_k[None, :],
+                         (k_r * r_k[:, None]).to(kr.dtype.element_ty), mask=valid[:, None] & (o_k < K)[None, :])
+                _solve_store(a_l, a_m, b_beta, r_k, inv, mqk, slot, rows, True)
+                tl.store(rk + slot * 16 + rows, r_k)
+            else:
+                _prep_redo(p_q, p_k, g, beta, qd, kd, kr, inv, mqk, dec, rk, t0, n, i_hv, slot, scale, H, HV, K, BK,
+                           BKS, NORM_Q, TF32_GRAMS, MMA_SUMS)
+        else:
+            _solve_store(a_l, a_m, b_beta, b_beta, inv, mqk, slot, rows, False)
 
 
 @triton.jit(do_not_specialize=["T"])
@@ -212,8 +230,8 @@ def kda16_loop_kernel(qd, kd, kr, v, inv, mqk, dec, rk, o, h0, ht, cu_seqlens, c
                       HV: tl.constexpr, K: tl.constexpr, BK: tl.constexpr, V: tl.constexpr, BV: tl.constexpr,
                       IS_VARLEN: tl.constexpr, USE_H0: tl.constexpr, STORE_HT: tl.constexpr, NORM_K: tl.constexpr,
                       PREC: tl.constexpr):
-    """Grid (cdiv(V, BV), N*HV).  o like v; h0 / ht [N, HV, K, V] fp32.  NORM_K: k_d, k_r raw, k's rstd per row
-    in rk (the prepare kernel's NORM_K)."""
+    """Grid (cdiv(V, BV), N*HV).  o like v; h0 / ht [N, HV, K, V] fp32.  NORM_K: k_d raw, k's rstd per row in rk
+    (the prepare kernel's NORM_K), applied to k_d S."""
     i_v, i_nh = tl.program_id(0), tl.program_id(1)
     i_n, i_hv = i_nh // HV, i_nh % HV
     bos, seq_len = _sequence_span(cu_seqlens, i_n, T, IS_VARLEN)

@@ -529,7 +529,7 @@ def kda16_prepare(q, k, g, beta, *, scale, norm_q=False, norm_k=False, varlen=No
                   config: GDNConfig = DEFAULT_CONFIG, on_launch=None) -> dict:
     """The 16-token form's prepare kernel: per token q_d, k_d, k_r [B,T,HV,K] in k's dtype; per tile INV (beta
     folded in) and M [tiles, HV, 16, 16] in k's dtype, 2^c_last [tiles, HV, K] fp32 and, under ``norm_k``, k's rstd
-    rk [tiles, HV, 16] fp32 (k_d, k_r raw; tiles: 4 per chunk)."""
+    rk [tiles, HV, 16] fp32 (k_d raw; tiles: 4 per chunk)."""
     B, T, H, K = k.shape
     HV = beta.shape[2]
     n_chunks, NT = _chunk_grid(B, T, varlen)
