@@ -26,3 +26,40 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if "gpu" in item.keywords:
             item.add_marker(skip)
+
+
+@pytest.fixture
+def bf16_interpreter(monkeypatch):
+    """bf16 under TRITON_INTERPRET=1 as the GPU computes it: Triton's interpreter (3.6 to 3.9) multiplies a bf16
+    dot's operands as their raw 16-bit patterns and truncates fp32 -> bf16 casts; patched for one test, the
+    operands are widened to fp32 and the casts rounded to nearest even (torch's).  Skips where the interpreter's
+    internals differ."""
+    import numpy as np
+    import torch
+
+    interp = pytest.importorskip("triton.runtime.interpreter")
+    import triton.language as tl
+
+    builder = getattr(interp, "InterpreterBuilder", None)
+    if builder is None or not all(hasattr(x, n) for x, n in ((interp, "_convert_float"), (interp, "TensorHandle"),
+                                                               (builder, "create_dot"), (builder, "cast_impl"))):
+        pytest.skip("this Triton's interpreter has other internals")
+    dot, cast = builder.create_dot, builder.cast_impl
+
+    def widen(x):
+        if x.dtype.scalar != tl.bfloat16:
+            return x
+        return interp.TensorHandle(interp._convert_float(x.data, tl.bfloat16, tl.float32, None).view(np.float32),
+                                   tl.float32)
+
+    def create_dot(self, a, b, d, *rest):
+        return dot(self, widen(a), widen(b), d, *rest)
+
+    def cast_impl(self, src, dst_type):
+        if src.dtype.scalar == tl.float32 and dst_type.scalar == tl.bfloat16:
+            t = torch.from_numpy(np.ascontiguousarray(src.data)).to(torch.bfloat16)
+            return interp.TensorHandle(t.view(torch.int16).numpy().view(np.uint16), tl.bfloat16)
+        return cast(self, src, dst_type)
+
+    monkeypatch.setattr(builder, "create_dot", create_dot)
+    monkeypatch.setattr(builder, "cast_impl", cast_impl)

@@ -17,7 +17,7 @@ from gdnbench.kernels.config import default_config  # noqa: E402
 from gdnbench.kernels.kda16 import _tf32  # noqa: E402
 from gdnbench.kernels.ops import GDNConfig, chunk_kda, validate  # noqa: E402
 
-from .test_ops_kda import check, make_inputs  # noqa: E402
+from .test_ops_kda import check, make_inputs, reference  # noqa: E402
 
 ROUTES = ["none", "flag", "fused_q", "fused_qk"]
 
@@ -86,6 +86,24 @@ def test_fused_qk_large_k_rows_are_redone(bk):
         assert torch.equal(rk[1], torch.ones(16))
     else:
         assert rk[1, 4] == pytest.approx(2.0 ** -11.9, rel=1e-5) and rk[1].lt(1).all()  # raw rows, their rstd
+
+
+def test_fused_qk_in_one_step_is_as_accurate_as_normalizing_on_load(bf16_interpreter):
+    """bf16, K 128, one warp, tf32 grams: fused_qk in one step (k's rows raw in the grams, r from their diagonal and
+    folded into L, M and k_r) against the same route in K steps, whose rows are normalized on load.  Carrying r on
+    the loop's U instead, against raw M and k_r, had put o's error 4.5 % over (3.43e-3 against 3.28e-3 here) and
+    failed the H200's gate on the final state's scale."""
+    q, k, v, g, beta, _ = make_inputs(1, 512, 2, 2, 128, 64, torch.bfloat16, seed=5)
+    ro, rf = reference(q, k, v, g, beta, normalize=True)
+    base = chunk16(128, 64, torch.bfloat16)
+    err = {}
+    for bk in (None, 64):
+        prep = dataclasses.replace(base.kda16_prep, BK=bk, num_warps=1, tf32_grams=True)
+        o, fs = chunk_kda(q, k, v, g, beta, output_final_state=True, norm="fused_qk", lower_bound=-5.0,
+                          config=dataclasses.replace(base, kda16_prep=prep))
+        err[bk] = [((x.double() - r).norm() / r.norm()).item() for x, r in ((o, ro), (fs, rf))]
+    assert err[64][0] < 4e-3 and err[64][1] < 4e-3, err  # bf16's error, not a broken route
+    assert err[None][0] < 1.02 * err[64][0] and err[None][1] < 1.02 * err[64][1], err
 
 
 def test_launches_two_kernels_and_refuses_unbounded_gates(monkeypatch):
