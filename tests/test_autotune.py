@@ -172,6 +172,17 @@ def test_kda_tasks_per_route():
     assert at_plan.plan_tasks(["fused_qk"], ["gram"], "kda") == [] and at_plan.plan_tasks(["flag"], ["kda_intra"]) == []
 
 
+def test_fused_qk_loop_variant_follows_the_prepare_kernels_form():
+    """A run looks fused_qk's kda16_loop up as fuse_k (NORM_K) where kda16_prep takes K in one step, its default or
+    a winner's BK = K, and as plain where the winner walks K in steps (its rows normalized on load)."""
+    sh = next(s for s in shp.load("kda-legacy6").shapes if s.id == "h96_fixed")
+    assert tuned.run_variant("kda16_loop", "fused_qk", sh, {}) == "fuse_k"
+    assert tuned.run_variant("kda16_loop", "fused_qk", sh, {"kda16_prep": {"BK": 128, "num_warps": 1}}) == "fuse_k"
+    assert tuned.run_variant("kda16_loop", "fused_qk", sh, {"kda16_prep": {"BK": 64, "num_warps": 1}}) == "plain"
+    assert tuned.run_variant("kda16_loop", "flag", sh, {"kda16_prep": {"BK": 64}}) == "plain"
+    assert tuned.run_variant("kda16_prep", "fused_qk", sh, {}) == "fused_qk"
+
+
 def test_plan_tasks_dedupes_specializations():
     tasks = at_plan.plan_tasks(["explicit", "flag"], list(at_space.KERNELS))
     assert [t.kernel for t in tasks] == ["l2norm", "gram", "wu", "state", "output", "aqk", "state_out", "fused_out"]

@@ -80,12 +80,13 @@ def test_fused_qk_large_k_rows_are_redone(bk):
     base = chunk16(32, 32, torch.float32)
     cfg = dataclasses.replace(base, kda16_prep=dataclasses.replace(base.kda16_prep, BK=bk))
     check("fused_qk", torch.float32, q, k, v, g, beta, s0, config=cfg)
-    rk = ops.kda16_prepare(q, k, g, beta, scale=32 ** -0.5, norm_q=True, norm_k=True, config=cfg)["rk"][:, 0]
-    assert torch.equal(rk[0], torch.ones(16)) and torch.equal(rk[2], torch.ones(16))  # redone: r = 1
+    rk = ops.kda16_prepare(q, k, g, beta, scale=32 ** -0.5, norm_q=True, norm_k=True, config=cfg)["rk"]
     if bk < 32:
-        assert torch.equal(rk[1], torch.ones(16))
-    else:
-        assert rk[1, 4] == pytest.approx(2.0 ** -11.9, rel=1e-5) and rk[1].lt(1).all()  # raw rows, their rstd
+        assert rk is None  # rows normalized on load: the loop takes plain k_d
+        return
+    rk = rk[:, 0]
+    assert torch.equal(rk[0], torch.ones(16)) and torch.equal(rk[2], torch.ones(16))  # redone: r = 1
+    assert rk[1, 4] == pytest.approx(2.0 ** -11.9, rel=1e-5) and rk[1].lt(1).all()  # raw rows, their rstd
 
 
 def test_fused_qk_in_one_step_is_as_accurate_as_normalizing_on_load(bf16_interpreter):
@@ -122,6 +123,24 @@ def test_launches_two_kernels_and_refuses_unbounded_gates(monkeypatch):
         chunk_kda(q, k, v, g, beta, norm="flag", config=cfg)
     with pytest.raises(ValueError, match="kda_chunk16=True is a KDA form"):
         validate(GDNConfig(kda_chunk16=True), 128, 128, 2, "gdn")
+
+
+@pytest.mark.parametrize("bk,norm_k", [(None, True), (16, False)])
+def test_fused_qk_loop_applies_r_only_after_one_step(monkeypatch, bk, norm_k):
+    """fused_qk's loop multiplies k_d S by k's rstd (NORM_K) only where the prepare kernel took K in one step and kept
+    k's rows raw; with K in steps they are normalized on load and the loop is the plain one."""
+    q, k, v, g, beta, _ = make_inputs(1, 40, 1, 1, 32, 32, torch.float32)
+    seen = {}
+
+    def launch(kernel, grid, args, constexprs, options):
+        seen[kernel.fn.__name__ if hasattr(kernel, "fn") else kernel.__name__] = constexprs
+        return real(kernel, grid, args, constexprs, options)
+    real = ops.launch
+    monkeypatch.setattr(ops, "launch", launch)
+    base = chunk16(32, 32, torch.float32)
+    cfg = dataclasses.replace(base, kda16_prep=dataclasses.replace(base.kda16_prep, BK=bk))
+    chunk_kda(q, k, v, g, beta, norm="fused_qk", lower_bound=-5.0, config=cfg)
+    assert seen["kda16_prep_kernel"]["NORM_K"] and seen["kda16_loop_kernel"]["NORM_K"] is norm_k
 
 
 def test_backend_takes_bounded_kda_shapes_only():

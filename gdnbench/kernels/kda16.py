@@ -7,7 +7,8 @@ stored with beta folded into its columns.  With |g| <= 5 per token (the bounded-
 2^115 over 16 tokens, inside fp32's and bf16's range, so the grams are single products with no reference point.
 NORM_Q / NORM_K fold the rows' l2 norm in (x / sqrt(sum x^2 + 1e-6), fp32): q's on q_d's row scale; k's rows
 stay raw in the grams and k_d, their rstd r (the k gram's diagonal) folded into L, M and k_r and applied to the
-loop's k_d S (kda16_prep_kernel).
+loop's k_d S, where K comes in one step; in K steps they are normalized on load and the loop is the plain one
+(kda16_prep_kernel; tuned.run_variant).
 
 Loop, per (V block, sequence * value head): the state S [K, BV] in fp32 registers, 16 tokens a step:
 
@@ -161,7 +162,8 @@ def _prep_redo(p_q, p_k, g, beta, qd, kd, kr, inv, mqk, dec, rk, t0, n, i_hv, sl
     a_l, a_m, _ = _tile_steps(p_q, p_k, g, qd, kd, kr, dec, t0, n, rows, valid, i_hv, slot, r_q, r_k, H, HV, K,
                               BK, BKS, True, TF32_GRAMS)
     _solve_store(a_l, a_m, _tile_beta(beta, t0, n, i_hv, HV), r_k, inv, mqk, slot, rows, False)
-    tl.store(rk + slot * 16 + rows, tl.full([16], 1.0, tl.float32))
+    if rk is not None:  # None in K steps, where every tile comes here and the loop takes plain k_d
+        tl.store(rk + slot * 16 + rows, tl.full([16], 1.0, tl.float32))
 
 
 @triton.jit
@@ -203,7 +205,7 @@ def kda16_prep_kernel(q, k, g, beta, qd, kd, kr, inv, mqk, dec, rk, cu_seqlens, 
         r_q = r_q * _rstd(p_q, rows, valid, H * K, K, BK, BKS, MMA_SUMS)
     b_beta = _tile_beta(beta, t0, n, i_hv, HV)
     slot = (i_g * 4 + i_s) * HV + i_hv
-    if NORM_K and BKS < BK:  # K in steps: k_r is stored a step at a time, before r is known
+    if NORM_K and BKS < BK:  # K in steps: k_r is stored a step at a time, before r is known; rk is None
         _prep_redo(p_q, p_k, g, beta, qd, kd, kr, inv, mqk, dec, rk, t0, n, i_hv, slot, scale, H, HV, K, BK, BKS,
                    NORM_Q, TF32_GRAMS, MMA_SUMS)
     else:

@@ -528,8 +528,9 @@ def kda_chunk16(q, k, v, g, beta, *, scale, initial_state=None, output_final_sta
 def kda16_prepare(q, k, g, beta, *, scale, norm_q=False, norm_k=False, varlen=None,
                   config: GDNConfig = DEFAULT_CONFIG, on_launch=None) -> dict:
     """The 16-token form's prepare kernel: per token q_d, k_d, k_r [B,T,HV,K] in k's dtype; per tile INV (beta
-    folded in) and M [tiles, HV, 16, 16] in k's dtype, 2^c_last [tiles, HV, K] fp32 and, under ``norm_k``, k's rstd
-    rk [tiles, HV, 16] fp32 (k_d raw; tiles: 4 per chunk)."""
+    folded in) and M [tiles, HV, 16, 16] in k's dtype, 2^c_last [tiles, HV, K] fp32 and, under ``norm_k`` in one
+    step, k's rstd rk [tiles, HV, 16] fp32 (k_d raw; tiles: 4 per chunk), which makes the loop apply it (NORM_K);
+    with K in steps the rows are normalized on load and rk is None."""
     B, T, H, K = k.shape
     HV = beta.shape[2]
     n_chunks, NT = _chunk_grid(B, T, varlen)
@@ -537,7 +538,8 @@ def kda16_prepare(q, k, g, beta, *, scale, norm_q=False, norm_k=False, varlen=No
     qd, kd, kr = (torch.empty(B, T, HV, K, device=k.device, dtype=k.dtype) for _ in range(3))
     inv, mqk = (torch.empty(tiles, HV, 16, 16, device=k.device, dtype=k.dtype) for _ in range(2))
     dec = torch.empty(tiles, HV, K, device=k.device, dtype=torch.float32)
-    rk = torch.empty(tiles, HV, 16, device=k.device, dtype=torch.float32) if norm_k else None
+    one_step = kda16_step(config.kda16_prep, K) == next_pow2(K)  # else k's rows are normalized on load: no rk
+    rk = torch.empty(tiles, HV, 16, device=k.device, dtype=torch.float32) if norm_k and one_step else None
     _launch(kda16_prep_kernel, (n_chunks, B * HV, 4), config.kda16_prep,
             q, k, g, beta, qd, kd, kr, inv, mqk, dec, rk, *_varlen_args(varlen), T, NT, float(scale), H=H, HV=HV,
             K=K, BK=next_pow2(K), BKS=kda16_step(config.kda16_prep, K), IS_VARLEN=varlen is not None, NORM_Q=norm_q,
