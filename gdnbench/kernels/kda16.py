@@ -36,8 +36,8 @@ def _rstd(ptr, rows, valid, stride, K: tl.constexpr, BK: tl.constexpr, BKS: tl.c
     (MMA, 16-bit x, in steps) the diagonal of x x^T on the tensor cores (16-bit products are exact in fp32).
     Offline (sm_90, one warp, tf32_grams, BK 64) MMA takes fewer instructions and more registers: the prepare
     kernel's common path (to its first EXIT) 3751 SASS instructions at 255 registers and 16 B of stack under fused_q
-    against 3900 at 210 (flag 3719 at 202), and under fused_qk, whose rows K steps normalize on load, 4088 in all
-    at 255 and 16 B against 4200 at 254; in one step it left 840 B of stack against the row sums' 232, so there
+    against 3900 at 210 (flag 3719 at 202), and under fused_qk, whose rows are normalized on load where K comes in
+    steps, 4104 in all at 255 and 48 B against 4184 at 254; in one step it left 840 B of stack against the row sums' 232, so there
     the row sums stay.  Which wins is the search's (``KernelConfig.mma_sums``)."""
     xx = tl.zeros([16, 16], dtype=tl.float32)
     sq = tl.zeros([16, BKS], dtype=tl.float32)  # the squares summed over the steps, then over the row once
