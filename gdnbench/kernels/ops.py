@@ -64,6 +64,7 @@ from .config import (
     block,
     cdiv,
     default_config,
+    kda16_in_steps,
     kda16_step,
     next_pow2,
     split_width,
@@ -538,8 +539,8 @@ def kda16_prepare(q, k, g, beta, *, scale, norm_q=False, norm_k=False, varlen=No
     qd, kd, kr = (torch.empty(B, T, HV, K, device=k.device, dtype=k.dtype) for _ in range(3))
     inv, mqk = (torch.empty(tiles, HV, 16, 16, device=k.device, dtype=k.dtype) for _ in range(2))
     dec = torch.empty(tiles, HV, K, device=k.device, dtype=torch.float32)
-    one_step = kda16_step(config.kda16_prep, K) == next_pow2(K)  # else k's rows are normalized on load: no rk
-    rk = torch.empty(tiles, HV, 16, device=k.device, dtype=torch.float32) if norm_k and one_step else None
+    raw_k = norm_k and not kda16_in_steps(config.kda16_prep, K)  # in steps k's rows are normalized on load: no rk
+    rk = torch.empty(tiles, HV, 16, device=k.device, dtype=torch.float32) if raw_k else None
     _launch(kda16_prep_kernel, (n_chunks, B * HV, 4), config.kda16_prep,
             q, k, g, beta, qd, kd, kr, inv, mqk, dec, rk, *_varlen_args(varlen), T, NT, float(scale), H=H, HV=HV,
             K=K, BK=next_pow2(K), BKS=kda16_step(config.kda16_prep, K), IS_VARLEN=varlen is not None, NORM_Q=norm_q,

@@ -88,12 +88,12 @@ def run_variant(kernel: str, route: str, shape, points: dict) -> str:
     k's rows raw; with K in steps the rows are normalized on load and the plain loop runs (ops.kda16_prepare)."""
     variant = variant_of(kernel, route, shape.family)
     if kernel == "kda16_loop" and variant == "fuse_k":
-        from .config import default_config, kda16_step, next_pow2
+        from .config import default_config, kda16_in_steps
 
         prep = points.get("kda16_prep")
         c = kernel_config("kda16_prep", prep) if prep else default_config(
             shape.K, shape.V, dtype_bytes(shape.dtype), shape.family).kda16_prep
-        if kda16_step(c, shape.K) < next_pow2(shape.K):
+        if kda16_in_steps(c, shape.K):
             return "plain"
     return variant
 
