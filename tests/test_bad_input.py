@@ -108,6 +108,7 @@ BAD_TOMLS = {  # shape-file text -> the word the error names
     "bytes-absurd": (GOOD_TOML.replace("H = 2", "H = 65536").replace("lens = [8]", "lens = [100000000]"),
                      "TiB"),
     "no-shapes-brackets-kept": ('name = "x"\nversion = 1\nhash = ""\n', "no [[shape]] entries"),
+    "hash-missing": (GOOD_TOML.replace('hash = ""\n', ""), "gdnbench shapes freeze"),
     "defaults-brackets-kept": ('name = "x"\nversion = 1\nhash = ""\ndefaults = 3\n[[shape]]\nid = "s"\n',
                                "[defaults] must be a table"),
 }

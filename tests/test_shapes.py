@@ -78,6 +78,18 @@ def test_changed_set_fails_verify_until_version_bump(tmp_path):
     assert set(shp.load_ledger(d)["smoke"]) == {"1", "2"}
 
 
+@pytest.mark.parametrize("hash_line", ["", "hash = 'to be filled'\n"])
+def test_freeze_writes_a_hash_where_the_file_has_none(tmp_path, hash_line):
+    p = write(tmp_path, GOOD.replace('hash = ""\n', hash_line))
+    if not hash_line:
+        with pytest.raises(shp.ShapeError, match="'hash': missing"):
+            shp.load_file(p)
+    h = shp.freeze(p, tmp_path)
+    ss = shp.load_file(p)
+    assert ss.hash == h and p.read_text().count("hash =") == 1
+    assert shp.verify(ss, shp.load_ledger(tmp_path)) == []
+
+
 @pytest.mark.parametrize("edit, field, words", [
     (("HV = 4", "HV = 3"), "HV", "not a multiple of H=2"),
     (("lens = [10, 20]", "lens = [10, -5]"), "lens", "not positive"),

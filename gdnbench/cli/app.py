@@ -423,7 +423,7 @@ def shapes_freeze(path: Path = typer.Argument(..., help="A shape-set .toml file,
     """Write a set's hash into its file and record the version in the frozen.json beside it."""
     with _bad_input_exits():
         h = shp.freeze(path)
-    console.print(f"froze {path}: {h}", markup=False, highlight=False)
+    console.print(f"froze {path}: {h}", markup=False, highlight=False, soft_wrap=True)
 
 
 @app.command()

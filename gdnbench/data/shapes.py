@@ -290,7 +290,8 @@ def canonical_hash(name: str, version: int, shapes: tuple[Shape, ...]) -> str:
     return "sha256:" + hashlib.sha256(blob).hexdigest()
 
 
-def load_file(path: str | Path) -> ShapeSet:
+def load_file(path: str | Path, frozen: bool = True) -> ShapeSet:
+    """A set from its file; ``frozen=False`` (``freeze``) takes a file that has no ``hash`` yet."""
     p = str(path)
     text = read_text(p, ShapeError, "shape file", "TOML")
     try:
@@ -300,6 +301,10 @@ def load_file(path: str | Path) -> ShapeSet:
     for key in raw:
         if key not in _TOP_KEYS:
             raise ShapeError(f"{p}: unknown top-level key {key!r}")
+    if "hash" not in raw:
+        if frozen:
+            raise ShapeError(f"{p}: top-level field 'hash': missing (`gdnbench shapes freeze {p}` writes it)")
+        raw["hash"] = ""
     for key, typ in (("name", str), ("version", int), ("hash", str)):
         if not isinstance(raw.get(key), typ) or isinstance(raw.get(key), bool):
             raise ShapeError(f"{p}: top-level field {key!r}: expected {typ.__name__}, got {raw.get(key)!r}")
@@ -383,7 +388,7 @@ def freeze(path: str | Path, directory: Path | None = None) -> str:
     """
     import re
 
-    ss = load_file(path)
+    ss = load_file(path, frozen=False)
     directory = Path(path).resolve().parent if directory is None else Path(directory)
     actual = canonical_hash(ss.name, ss.version, ss.shapes)
     ledger = load_ledger(directory)
@@ -391,7 +396,9 @@ def freeze(path: str | Path, directory: Path | None = None) -> str:
     if recorded is not None and recorded != actual:
         raise ShapeError(f"{path}: {ss.name} v{ss.version} is frozen as {recorded}; bump 'version' to change it")
     text = Path(path).read_text()
-    new_text, n = re.subn(r'(?m)^hash\s*=\s*"[^"]*"', f'hash = "{actual}"', text, count=1)
+    new_text, n = re.subn(r'(?m)^hash\s*=.*$', f'hash = "{actual}"', text, count=1)
+    if n != 1:  # no hash line yet: the first one goes after the top-level version line
+        new_text, n = re.subn(r'(?m)^(version\s*=.*)$', lambda m: f'{m.group(1)}\nhash = "{actual}"', text, count=1)
     if n != 1:
         raise ShapeError(f"{path}: no top-level 'hash = \"...\"' line to write")
     Path(path).write_text(new_text)
