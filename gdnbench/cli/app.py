@@ -191,10 +191,11 @@ def _run(shapes, backends, routes, shape_ids, mode, device, out, l2, warmup, rou
             results.write_atomic(prior, path)  # what the journal kept becomes the document it starts from
             journal_path(path).unlink(missing_ok=True)
             if not wanted:
-                console.print(f"nothing to resume: every shape of {path} has its rows", markup=False)
+                console.print(f"nothing to resume: every shape of {path} has its rows", markup=False, soft_wrap=True)
                 print_tables(console, rep.report_tables(prior))
                 continue
-            console.print(f"resuming {path}: {len(wanted)} shape(s) to measure: {', '.join(wanted)}", markup=False)
+            console.print(f"resuming {path}: {len(wanted)} shape(s) to measure: {', '.join(wanted)}", markup=False,
+                          soft_wrap=True)
             header = prior
         else:
             path = fresh_path(out, results.default_path(env, ss.name, stamp, mode))

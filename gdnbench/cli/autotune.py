@@ -355,10 +355,11 @@ def register(app: typer.Typer) -> None:
         tallies = dist.all_gather(tally)
         if dist.rank == 0:
             total = at_report.Tally.sum(tallies)
-            console.print(f"{len(entries)} searches written under {tuned.write_dir(opts.cache_dir)}")
+            console.print(f"{len(entries)} searches written under {tuned.write_dir(opts.cache_dir)}", markup=False,
+                          soft_wrap=True)
             console.print(_summary(total, time.monotonic() - started, dist.world)
                           + (f"; {dist.world} ranks sharing {opts.shard}" if dist.world > 1 else "; 1 rank") + ", "
-                          f"{opts.compile_workers} compile workers per GPU", highlight=False)
+                          f"{opts.compile_workers} compile workers per GPU", highlight=False, soft_wrap=True)
 
 
 def _report(cache_dir: Optional[Path], plot_dir: Optional[Path], kernels: Optional[list[str]] = None) -> None:

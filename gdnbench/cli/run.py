@@ -62,7 +62,7 @@ def measure_and_write(ss, wanted, backend_names, routes_l, header, path: Path, r
     print_tables(console, rep.report_tables(doc))
     console.print(f"{len(wanted)} shape(s) in {wall:.0f} s: oracles {spent['oracle']:.0f} s, checks (first calls "
                   f"included) {spent['check']:.0f} s, timing {spent['timing']:.0f} s, the rest (worker start, "
-                  f"imports, inputs) {max(wall - sum(spent.values()), 0):.0f} s", highlight=False)
+                  f"imports, inputs) {max(wall - sum(spent.values()), 0):.0f} s", highlight=False, soft_wrap=True)
     if plot_chart and any(r.status == "ok" for r in doc.rows):
         from ..analysis.plot import plot
 
