@@ -143,7 +143,9 @@ def test_resume_measures_only_the_missing_shapes(tmp_path):
 
 @pytest.mark.parametrize("edit, words", [
     (lambda d: d["shape_set"].update(hash="sha256:0"), "shape set hash"),
-    (lambda d: d["env"]["git"].update(sha="0" * 40), "measured with git"),
+    (lambda d: d["env"]["git"].update(sha="0" * 40), "measured with git.sha '" + "0" * 40),
+    (lambda d: d["env"]["git"].update(dirty=not d["env"]["git"]["dirty"]), "measured with git.dirty"),
+    (lambda d: d["env"]["versions"].update(torch="0.0"), "measured with versions.torch '0.0', here"),
 ])
 def test_resume_refuses_another_context(tmp_path, edit, words):
     out = tmp_path / "part.json"

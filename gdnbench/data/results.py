@@ -278,11 +278,22 @@ def check_resumable(doc: RunDocument, path, env: dict, shape_set) -> None:
         if getattr(got, key) != getattr(shape_set, key):
             raise ResultsError(f"{path}: shape set {key} {getattr(got, key)!r} differs from this one's "
                                f"{getattr(shape_set, key)!r}; resume a file of the same shape set")
-    old, new = _context(doc.env), _context(env)
-    for key in old:
-        if old[key] != new[key]:
-            raise ResultsError(f"{path}: measured with {key} {old[key]!r}, here {new[key]!r}; a resumed run "
-                               f"needs the same device, GPU, versions and code")
+    differs = _first_difference(_context(doc.env), _context(env))
+    if differs:
+        key, was, now = differs
+        raise ResultsError(f"{path}: measured with {key} {was!r}, here {now!r}; a resumed run "
+                           f"needs the same device, GPU, versions and code")
+
+
+def _first_difference(old, new, at: str = ""):
+    """(dotted key, old value, new value) of the first leaf where two nested dicts differ, else None."""
+    if isinstance(old, dict) and isinstance(new, dict):
+        for key in list(old) + [k for k in new if k not in old]:
+            found = _first_difference(old.get(key), new.get(key), f"{at}.{key}" if at else key)
+            if found:
+                return found
+        return None
+    return (at, old, new) if old != new else None
 
 
 def shapes_to_resume(doc: RunDocument, shape_ids: list[str], pairs: list[tuple[str, str]]) -> list[str]:
