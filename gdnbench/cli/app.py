@@ -12,14 +12,13 @@ from pathlib import Path
 from typing import Optional
 
 import typer
-from rich.text import Text
 
 from ..analysis import compare as cmp, report as rep
 from ..data import shapes as shp
 from ..data.journal import journal_path
 from ..data.results import ResultsError
 from .console import (EXIT_ABOVE_LIMIT, EXIT_BAD_INPUT, EXIT_CODES_HELP, EXIT_NO_DEVICE, EXIT_NOTHING_MEASURED,  # noqa: F401
-                      EXIT_OK, EXIT_STOPPED_BY_ERROR, console, err_console, say as _say)
+                      EXIT_OK, EXIT_STOPPED_BY_ERROR, console, err_console, fail as _fail, say as _say)
 from .options import DEVICES, HELION_EFFORTS, L2_MODES, UsageError, choice
 from .tables import FORMAT_NAMES, emit, print_tables
 
@@ -29,11 +28,6 @@ shapes_app = typer.Typer(no_args_is_help=True, help="List, show, verify and free
 app.add_typer(shapes_app, name="shapes")
 CONTRACT_SETS = ("kda-legacy6", "gdn-qwen6")
 DECODE_SETS = ("gdn-decode", "kda-decode")
-
-
-def _fail(msg: str, code: int = EXIT_BAD_INPUT):
-    err_console.print(Text("error: ", style="red") + Text(msg), highlight=False, soft_wrap=True)
-    raise typer.Exit(code)
 
 
 def _domain_errors():

@@ -16,31 +16,18 @@ from pathlib import Path
 from typing import Optional
 
 import typer
-from rich.console import Console
-from rich.text import Text
 
 from ..vocab import ROUTES
+from .console import EXIT_INTERRUPTED, EXIT_NO_DEVICE, console, err_console, fail as _fail, say
 from .options import DEVICES, FAMILIES, SHARDS, UsageError, choice
 
-EXIT_BAD_INPUT = 2
-EXIT_NO_DEVICE = 3
-EXIT_INTERRUPTED = 130
 # the shape sets tuned when --shapes is not given, per --family
 DEFAULT_SETS = {"gdn": ("gdn-qwen6",), "kda": ("kda-legacy6",), "all": ("gdn-qwen6", "kda-legacy6")}
 # set on the torchrun re-launch (do not re-launch again) to the command's start, time.monotonic()
 RANK_ENV = "GDNBENCH_AUTOTUNE_RANKED"
 
-console = Console()
-err_console = Console(stderr=True)
-
-
 class _Bad(ValueError):
     pass
-
-
-def _fail(msg: str, code: int = EXIT_BAD_INPUT):
-    err_console.print(Text("error: ", style="red") + Text(msg), highlight=False, soft_wrap=True)
-    raise typer.Exit(code)
 
 
 def _split(values: Optional[list[str]]) -> list[str]:
@@ -379,7 +366,7 @@ def _report(cache_dir: Optional[Path], plot_dir: Optional[Path], kernels: Option
         for gpu, e in at_report.cache_entries(roots, kernels):
             name = f"{gpu}_{e['kernel']}_{e['variant']}_{e['key']['shape_key']}.png"
             try:
-                console.print(f"chart {at_report.chart(e, Path(plot_dir) / name)}")
+                say("chart", "green", str(at_report.chart(e, Path(plot_dir) / name)))
             except ValueError as err:  # no ok candidates: say so, keep going
                 console.print(f"[yellow]{name}: {err}[/yellow]")
 
