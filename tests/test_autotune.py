@@ -733,7 +733,10 @@ def test_dry_run_cli_prints_dimensions_and_counts():
     (["--shapes", "no-such-set"], "no shape set 'no-such-set'"),
     (["--device", "tpu"], "--device"),
     (["--nproc-per-node", "0"], "--nproc-per-node"),
-    (["--compile-workers", "-1"], "--compile-workers -1: must be ≥ 0"),
+    (["--compile-workers", "-1"], "--compile-workers -1: use a value of at least 0"),
+    (["--timeout", "-1"], "--timeout -1.0: use a value of at least 1"),
+    (["--check-tokens", "0"], "--check-tokens 0: use a value of at least 1"),
+    (["--warmup", "-2"], "--warmup -2: use a value of at least 0"),
     (["--shard", "rows"], "--shard 'rows'"),
 ])
 def test_bad_input_is_one_line_exit_2(args, words):

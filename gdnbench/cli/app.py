@@ -19,7 +19,7 @@ from ..data.journal import journal_path
 from ..data.results import ResultsError
 from .console import (EXIT_ABOVE_LIMIT, EXIT_BAD_INPUT, EXIT_CODES_HELP, EXIT_NO_DEVICE, EXIT_NOTHING_MEASURED,  # noqa: F401
                       EXIT_OK, EXIT_STOPPED_BY_ERROR, console, err_console, fail as _fail, say as _say)
-from .options import DEVICES, HELION_EFFORTS, L2_MODES, UsageError, choice
+from .options import DEVICES, HELION_EFFORTS, L2_MODES, UsageError, at_least, choice
 from .tables import FORMAT_NAMES, emit, print_tables
 
 app = typer.Typer(add_completion=False, no_args_is_help=True,
@@ -73,8 +73,8 @@ def run(
     device: str = typer.Option("auto", help="auto, cuda or cpu."),
     out: Optional[Path] = typer.Option(None, "--out", "-o", help="Results file (one set) or directory."),
     l2: str = typer.Option("warm", help="warm, or cold: flush L2 before each timed call."),
-    warmup: int = typer.Option(10, min=0), rounds: int = typer.Option(5, min=1),
-    iters: int = typer.Option(20, min=1, help="Timed calls per route per round."),
+    warmup: int = typer.Option(10), rounds: int = typer.Option(5),
+    iters: int = typer.Option(20, help="Timed calls per route per round."),
     check_tokens: Optional[int] = typer.Option(None, help="Oracle length cap (default 1024 on CPU and in fwd_bwd "
                                                 "mode; CUDA fwd gates the full-length call)."),
     isolate: bool = typer.Option(True, help="Run the shapes in a worker subprocess (crash isolation; one "
@@ -96,6 +96,9 @@ def run(
 ):
     """Check, then time, each backend x route on each shape of the sets; write results and print the report."""
     with _bad_input_exits():
+        for option, value, low in (("--warmup", warmup, 0), ("--rounds", rounds, 1), ("--iters", iters, 1),
+                                   ("--check-tokens", check_tokens, 1), ("--worker-timeout", worker_timeout, 1)):
+            at_least(option, value, low)
         options = _backend_options(helion_effort, helion_examples)
         if resume is not None:
             from ..data import results

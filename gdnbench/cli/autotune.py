@@ -19,7 +19,7 @@ import typer
 
 from ..vocab import ROUTES
 from .console import EXIT_INTERRUPTED, EXIT_NO_DEVICE, console, err_console, fail as _fail, say
-from .options import DEVICES, FAMILIES, SHARDS, UsageError, choice
+from .options import DEVICES, FAMILIES, SHARDS, UsageError, at_least, choice
 
 # the shape sets tuned when --shapes is not given, per --family
 DEFAULT_SETS = {"gdn": ("gdn-qwen6",), "kda": ("kda-legacy6",), "all": ("gdn-qwen6", "kda-legacy6")}
@@ -276,14 +276,12 @@ def register(app: typer.Typer) -> None:
             kernel_l = _pick(kernels, _known_kernels(), "--kernels")
             route_l = _pick(routes, ROUTES, "--routes")
             choice("--shard", shard, SHARDS)
-            lows = (("--budget", budget, 0), ("--min-gain", min_gain, 0), ("--compile-workers", compile_workers, 0))
-            for name, val, low in ((n, v, lo) for n, v, lo in lows if v is not None):
-                if not val >= low:
-                    raise _Bad(f"{name} {val}: must be ≥ {low}")
-            for name, val in (("--nproc-per-node", nproc_per_node), ("--exhaustive-max", exhaustive_max + 1),
-                              ("--rounds", rounds), ("--iters", iters), ("--warmup", warmup + 1)):
-                if val < 1:
-                    raise _Bad(f"{name}: must be at least {1 if name != '--exhaustive-max' else 0}")
+            for name, val, low in (("--budget", budget, 0), ("--min-gain", min_gain, 0),
+                                   ("--compile-workers", compile_workers, 0), ("--nproc-per-node", nproc_per_node, 1),
+                                   ("--exhaustive-max", exhaustive_max, 0), ("--rounds", rounds, 1),
+                                   ("--iters", iters, 1), ("--warmup", warmup, 0), ("--check-tokens", check_tokens, 1),
+                                   ("--timeout", timeout, 1)):
+                at_least(name, val, low)
             dev = _resolve_device(device, dry_run)
             set_names = _split(shapes) or list(DEFAULT_SETS[fam])
             pairs = select_shapes(set_names, _split(shape_ids), fam)
