@@ -148,6 +148,8 @@ def cases():
                      id="autotune-device"),
         pytest.param(lambda tmp: (["autotune", "--family", "mamba", "--dry-run"], "--family 'mamba'"),
                      id="autotune-family"),
+        pytest.param(lambda tmp: (["compare", str(_results("fwd")), str(_results("fwd")), "--fail-above", "-1"],
+                                  "--fail-above -1.0: use a value of at least 0"), id="compare-fail-above"),
         pytest.param(lambda tmp: (["compare", str(_results("fwd")), str(_results("fwd_bwd"))], "modes differ"),
                      id="compare-fwd-vs-fwd_bwd"),
         pytest.param(lambda tmp: (["report", str(tmp / "a[red]b" / "x.json")], "a[red]b"), id="path-brackets-kept"),

@@ -311,7 +311,7 @@ def compare(
     b: Path = typer.Argument(..., help="Results file B."),
     markdown: Optional[Path] = typer.Option(None, help="Also write the table as markdown."),
     backends: Optional[list[str]] = typer.Option(None, "--backends", "-b", help="Only these backends."),
-    fail_above: Optional[float] = typer.Option(None, "--fail-above", min=0.0, help="Exit 1 when a geomean B/A "
+    fail_above: Optional[float] = typer.Option(None, "--fail-above", help="Exit 1 when a geomean B/A "
                                                "ratio (wall or gpu) exceeds this, e.g. 1.05 for a 5% regression."),
     fail_rows: bool = typer.Option(False, "--fail-rows", help="With --fail-above: hold every row's ratio to it "
                                    "too, not only the geomeans."),
@@ -323,6 +323,7 @@ def compare(
 
     _check_format(fmt)
     with _bad_input_exits():
+        at_least("--fail-above", fail_above, 0)
         da, db = results.load(a), results.load(b)
         try:
             tables = cmp.compare(da, db, backends=_split(backends) or None)
