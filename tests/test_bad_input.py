@@ -179,3 +179,31 @@ def test_bad_input_is_one_line_exit_2(tmp_path, make):
 def test_the_good_inputs_the_cases_derive_from_succeed(tmp_path, argv):
     r = runner.invoke(app, argv(tmp_path), env={"COLUMNS": "200"})
     assert r.exit_code == 0, r.output
+
+
+@pytest.mark.parametrize("argv, words", [
+    (["run", "--iters", "abc"], "gdnbench run: Invalid value for '--iters'"),
+    (["run", "--no-such-option"], "gdnbench run: No such option: --no-such-option"),
+    (["sideways"], "gdnbench: No such command 'sideways'"),
+    (["run", "--device", "cpu", "--iters", "0"], "--iters 0: use a value of at least 1"),
+], ids=["not-a-number", "unknown-option", "unknown-command", "out-of-range"])
+def test_the_command_says_what_its_parser_refuses_in_one_line(capsys, argv, words):
+    """`gdnbench` (cli.app.main): what typer's parser refuses gets the one line every other bad input gets, not
+    typer's boxed usage message."""
+    from gdnbench.cli.app import main
+
+    with pytest.raises(SystemExit) as e:
+        main(argv)
+    out, err = capsys.readouterr()
+    assert e.value.code == 2 and out == "", out
+    lines = err.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: ") and words in lines[0], err
+
+
+def test_the_command_without_a_subcommand_prints_its_help(capsys):
+    from gdnbench.cli.app import main
+
+    with pytest.raises(SystemExit):
+        main(["shapes"])
+    out, err = capsys.readouterr()
+    assert "Usage: gdnbench shapes" in out + err and "error:" not in out + err

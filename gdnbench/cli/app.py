@@ -18,7 +18,8 @@ from ..data import shapes as shp
 from ..data.journal import journal_path
 from ..data.results import ResultsError
 from .console import (EXIT_ABOVE_LIMIT, EXIT_BAD_INPUT, EXIT_CODES_HELP, EXIT_NO_DEVICE, EXIT_NOTHING_MEASURED,  # noqa: F401
-                      EXIT_OK, EXIT_STOPPED_BY_ERROR, console, err_console, fail as _fail, say as _say)
+                      EXIT_OK, EXIT_STOPPED_BY_ERROR, console, err_console, fail as _fail, print_error,
+                      say as _say)
 from .options import DEVICES, HELION_EFFORTS, L2_MODES, UsageError, at_least, choice
 from .tables import FORMAT_NAMES, emit, print_tables
 
@@ -466,5 +467,29 @@ from .autotune import register as _register_autotune  # noqa: E402  (keeps its i
 _register_autotune(app)
 
 
-def main():  # pragma: no cover - entry point
-    app()
+def _parser_errors() -> tuple:
+    """The exceptions typer's parser raises for a bad command line (typer 0.29 carries its own click)."""
+    try:
+        from typer._click.exceptions import ClickException, NoArgsIsHelpError
+    except ImportError:
+        from click.exceptions import ClickException, NoArgsIsHelpError
+    return ClickException, NoArgsIsHelpError
+
+
+def main(argv: Optional[list[str]] = None) -> None:
+    """The ``gdnbench`` command: the app, with what its parser refuses (an unknown option, a value that is not a
+    number) as the one line every other bad input gets, exit 2, in place of typer's boxed usage message."""
+    parser_error, no_args = _parser_errors()
+    try:
+        code = app(args=argv, prog_name="gdnbench", standalone_mode=False)
+    except no_args as e:  # `gdnbench shapes` alone: its help, as typer prints it
+        e.show()
+        code = e.exit_code
+    except parser_error as e:
+        where = e.ctx.command_path if getattr(e, "ctx", None) is not None else "gdnbench"
+        print_error(f"{where}: {e.format_message()} (see {where} --help)")
+        code = e.exit_code
+    except typer.Abort:
+        print_error("aborted")
+        code = EXIT_STOPPED_BY_ERROR
+    sys.exit(code if isinstance(code, int) else EXIT_OK)

@@ -28,7 +28,12 @@ def say(word: str, style: str, text: str = "") -> None:
     console.print(Text(word, style=style) + Text(f" {text}" if text else ""), highlight=False, soft_wrap=True)
 
 
-def fail(msg: str, code: int = EXIT_BAD_INPUT):
-    """The one-line error (the message printed as it is) and the command's exit with ``code``."""
+def print_error(msg: str) -> None:
+    """The one-line error: ``error:`` and the message printed as it is."""
     err_console.print(Text("error: ", style="red") + Text(msg), highlight=False, soft_wrap=True)
+
+
+def fail(msg: str, code: int = EXIT_BAD_INPUT):
+    """The one-line error and the command's exit with ``code``."""
+    print_error(msg)
     raise typer.Exit(code)
