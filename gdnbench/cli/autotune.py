@@ -26,6 +26,7 @@ DEFAULT_SETS = {"gdn": ("gdn-qwen6",), "kda": ("kda-legacy6",), "all": ("gdn-qwe
 # set on the torchrun re-launch (do not re-launch again) to the command's start, time.monotonic()
 RANK_ENV = "GDNBENCH_AUTOTUNE_RANKED"
 
+
 class _Bad(ValueError):
     pass
 

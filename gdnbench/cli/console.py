@@ -1,4 +1,5 @@
-"""The CLI's consoles, its exit codes and its one way of printing a styled word before plain text."""
+"""The CLI's consoles, its exit codes, its one way of printing a styled word before plain text and its one-line
+error (``fail``: print, then exit)."""
 
 from __future__ import annotations
 
