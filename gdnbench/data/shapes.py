@@ -400,7 +400,7 @@ def freeze(path: str | Path, directory: Path | None = None) -> str:
     if n != 1:  # no hash line yet: the first one goes after the top-level version line
         new_text, n = re.subn(r'(?m)^(version\s*=.*)$', lambda m: f'{m.group(1)}\nhash = "{actual}"', text, count=1)
     if n != 1:
-        raise ShapeError(f"{path}: no top-level 'hash = \"...\"' line to write")
+        raise ShapeError(f"{path}: no top-level 'hash' or 'version' line to write the hash at")
     Path(path).write_text(new_text)
     ledger.setdefault(ss.name, {})[str(ss.version)] = actual
     (directory / FROZEN_LEDGER).write_text(json.dumps(ledger, indent=2, sort_keys=True) + "\n")
