@@ -107,6 +107,20 @@ def test_kda16_prep_searches_its_step_and_where_the_fused_sums_come_from():
         validate(GDNConfig(kda_chunk16=True, kda16_loop=KernelConfig(BV=64, mma_sums=True)), 128, 128, 2, "kda")
 
 
+def test_kda16_prep_searches_whether_t_is_specialized():
+    """generic_t (the prepare kernel compiled for any T) is a dimension of every kda16_prep variant, from False (the
+    specialized compile that entries without the field ran); no other kernel may set it."""
+    from gdnbench.kernels.config import GDNConfig, KernelConfig, validate
+
+    for variant in ("plain", "fused_q", "fused_qk"):
+        space = at_space.build_space("kda16_prep", 128, 128, "bfloat16", "kda", variant)
+        assert dict(space.dims)["generic_t"] == (False, True) and space.start["generic_t"] is False
+        assert space.is_valid({**space.start, "generic_t": True})
+    assert "generic_t" not in dict(at_space.build_space("kda16_loop", 128, 128, "bfloat16", "kda", "plain").dims)
+    with pytest.raises(ValueError, match="only kda16_prep compiles for any T"):
+        validate(GDNConfig(kda_chunk16=True, kda16_loop=KernelConfig(BV=64, generic_t=True)), 128, 128, 2, "kda")
+
+
 def test_aqk_searches_when_it_loads_the_gates():
     """aqk's every variant has early_gates first, at its default False (the shipped entries' code)."""
     for variant in ("plain", "fused_q", "fused_qk"):

@@ -143,6 +143,29 @@ def test_fused_qk_loop_applies_r_only_after_one_step(monkeypatch, bk, norm_k):
     assert seen["kda16_prep_kernel"]["NORM_K"] and seen["kda16_loop_kernel"]["NORM_K"] is norm_k
 
 
+@pytest.mark.parametrize("generic_t", [False, True])
+def test_generic_t_launches_the_kernel_compiled_for_any_t(monkeypatch, generic_t):
+    """kda16_prep.generic_t: the same prepare kernel, compiled without T's specialization, and the same results."""
+    from gdnbench.kernels import kda16
+
+    cu = torch.tensor([0, 37, 101], dtype=torch.int64)
+    q, k, v, g, beta, s0 = make_inputs(1, 101, 2, 4, 32, 48, torch.float32, n_seqs=2, h0=True, seed=3)
+    seen = []
+
+    def launch(kernel, grid, args, constexprs, options):
+        seen.append(kernel)
+        return real(kernel, grid, args, constexprs, options)
+    real = ops.launch
+    monkeypatch.setattr(ops, "launch", launch)
+    base = chunk16(32, 48, torch.float32)
+    cfg = dataclasses.replace(base, kda16_prep=dataclasses.replace(base.kda16_prep, generic_t=generic_t))
+    check("fused_q", torch.float32, q, k, v, g, beta, s0, cu, config=cfg)
+    want = kda16.kda16_prep_kernel_any_t if generic_t else kda16.kda16_prep_kernel
+    prep = [x for x in seen if x.fn.__name__ == "kda16_prep_kernel"]  # fused_q: k's l2norm launch first
+    assert len(prep) == 1 and prep[0] is want and kda16.kda16_prep_kernel_any_t is not kda16.kda16_prep_kernel
+    assert kda16.kda16_prep_kernel_any_t.fn is kda16.kda16_prep_kernel.fn
+
+
 def test_backend_takes_bounded_kda_shapes_only():
     """`gdnbench-kda16`: KDA shapes with a lower_bound, every route, its config the form's."""
     from gdnbench.backends import get

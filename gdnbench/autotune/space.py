@@ -7,7 +7,7 @@ and maxnreg: None (the compiler's choice) plus caps 64, 72, .., 248 (every multi
 ptxas accepts between 64 and 255); fused_out also its segments per sequence (1, 2, 4, 8) and
 split_v (at 4 or 8 segments), early_beta and beta_ahead, and under fused_qk k_rstd_tile; aqk early_gates; gram and aqk
 heads_first; kda16_prep
-also tf32_grams (its BK: the K channels a step) and, under the fused routes, mma_sums. Points that :func:`gdnbench.kernels.config.validate` (the same function the defaults pass)
+also tf32_grams (its BK: the K channels a step), generic_t and, under the fused routes, mma_sums. Points that :func:`gdnbench.kernels.config.validate` (the same function the defaults pass)
 rejects - shared memory, block divisibility, register file - are pruned before anything runs. The other
 kernels keep the shape's default config.
 """
@@ -53,7 +53,7 @@ def dimensions(kernel: str, K: int, V: int, variant: str = "plain") -> list[tupl
               "output_fused": ("BK", "BV"), "aqk": ("BK",), "state_out": ("BK", "BV"), "fused_out": ("BK", "BV"),
               "kda_state_out": ("BK", "BV"), "kda16_prep": ("BK",), "kda16_loop": ("BV",)}[kernel]
     segs = {"fused_out": [("segments", SEGMENTS), ("split_v", (False, True))],
-            "kda16_prep": [("tf32_grams", (False, True))]}.get(kernel, [])
+            "kda16_prep": [("tf32_grams", (False, True)), ("generic_t", (False, True))]}.get(kernel, [])
     # fused_out's beta load order first: one compile from the start point; faster at 5 of 8 shipped entries, slower at 1
     # (kernels/fused_fwd.py)
     first = {"fused_out": [("early_beta", (False, True)), ("beta_ahead", (False, True))],

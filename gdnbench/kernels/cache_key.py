@@ -49,7 +49,7 @@ KERNEL_FUNCTIONS = {
     "state_out": ("state_out.py", ("state_out_kernel",)),
     "fused_out": ("fused_fwd.py", ("fused_state_out_kernel",)),
     "kda_state_out": ("state_out_kda.py", ("kda_state_out_kernel",)),
-    "kda16_prep": ("kda16.py", ("kda16_prep_kernel",)),
+    "kda16_prep": ("kda16.py", ("kda16_prep_kernel_any_t", "kda16_prep_kernel")),
     "kda16_loop": ("kda16.py", ("kda16_loop_kernel",)),
 }
 

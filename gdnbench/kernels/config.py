@@ -57,6 +57,9 @@ class KernelConfig:
     # x x^T on the tensor cores, not the squares' row sums (offline, sm_90, one warp, BK 64: fused_q 3776 SASS
     # instructions at 255 registers, against 3936 at 215)
     mma_sums: bool = False
+    # kda16_prep only: compiled for any T, not specialized on T % 16 == 0 (kernels/kda16.py, kda16_prep_kernel_any_t).
+    # (H200, h96_fixed, the prepare op: flag 499.8 us against 568.1 specialized; fused_qk 552.4 against 539.4)
+    generic_t: bool = False
     # fused_out only: beta's rows loaded before each chunk step's first product (kernels/fused_fwd.py), not after k h
     early_beta: bool = False
     # fused_out only, over early_beta (which it makes moot): each step loads the next chunk's beta rows and uses the
@@ -298,6 +301,7 @@ def validate(config: GDNConfig, K: int, V: int, dtype_bytes: int = 2, family: st
 # KernelConfig flags that only some kernels' code reads: flag -> (those kernels, what they do)
 _OWNED_FLAGS = {"tf32_grams": (("kda16_prep",), "forms tile grams"),
                 "mma_sums": (("kda16_prep",), "takes sums of squares on the tensor cores"),
+                "generic_t": (("kda16_prep",), "compiles for any T"),
                 "early_beta": (("fused_out",), "has that load order"),
                 "beta_ahead": (("fused_out",), "has that load order"),
                 "k_rstd_tile": (("fused_out",), "reads k's rstd in a tile"),

@@ -227,6 +227,15 @@ def kda16_prep_kernel(q, k, g, beta, qd, kd, kr, inv, mqk, dec, rk, cu_seqlens, 
             _solve_store(a_l, a_m, b_beta, b_beta, inv, mqk, slot, rows, False)
 
 
+# The same kernel compiled for any T (``KernelConfig.generic_t``, searched).  Specialized on T % 16 == 0 (the
+# default, as every T of a contract shape is), the one-step form for a dense batch compiles with more stack than for
+# packed sequences (offline, sm_90, one warp, tf32_grams: flag 3936 SASS instructions at 288 B against 3792 at 160 B;
+# unspecialized 3768 at 136 B).  On the H200, the prepare op alone at h96_fixed: flag in one step 713.6 us
+# specialized, 518.5 not (searched: 499.8; specialized its best was BK 64, 568.1); fused_qk at BK 64 and a cap of 160
+# registers 539.4 specialized, 552.4 not.  Whole forwards: flag 1452 -> 1393, fused_q 1363 -> 1319 (kda-legacy6).
+kda16_prep_kernel_any_t = triton.jit(do_not_specialize=["T"])(kda16_prep_kernel.fn)
+
+
 @triton.jit(do_not_specialize=["T"])
 def kda16_loop_kernel(qd, kd, kr, v, inv, mqk, dec, rk, o, h0, ht, cu_seqlens, chunk_offsets, T, NT,
                       HV: tl.constexpr, K: tl.constexpr, BK: tl.constexpr, V: tl.constexpr, BV: tl.constexpr,

@@ -72,7 +72,7 @@ from .config import (
     validate,
 )
 from .fused_fwd import WARM_UP_LOG2, fused_state_out_kernel
-from .kda16 import kda16_loop_kernel, kda16_prep_kernel
+from .kda16 import kda16_loop_kernel, kda16_prep_kernel, kda16_prep_kernel_any_t
 from .intra import gram_solve_kernel, kda_cumsum_kernel, kda_intra_kernel, wu_kernel
 from .launch import launch
 from .output import output_kernel
@@ -541,7 +541,8 @@ def kda16_prepare(q, k, g, beta, *, scale, norm_q=False, norm_k=False, varlen=No
     dec = torch.empty(tiles, HV, K, device=k.device, dtype=torch.float32)
     raw_k = norm_k and not kda16_in_steps(config.kda16_prep, K)  # in steps k's rows are normalized on load: no rk
     rk = torch.empty(tiles, HV, 16, device=k.device, dtype=torch.float32) if raw_k else None
-    _launch(kda16_prep_kernel, (n_chunks, B * HV, 4), config.kda16_prep,
+    kernel = kda16_prep_kernel_any_t if config.kda16_prep.generic_t else kda16_prep_kernel
+    _launch(kernel, (n_chunks, B * HV, 4), config.kda16_prep,
             q, k, g, beta, qd, kd, kr, inv, mqk, dec, rk, *_varlen_args(varlen), T, NT, float(scale), H=H, HV=HV,
             K=K, BK=next_pow2(K), BKS=kda16_step(config.kda16_prep, K), IS_VARLEN=varlen is not None, NORM_Q=norm_q,
             NORM_K=norm_k, TF32_GRAMS=config.kda16_prep.tf32_grams and k.dtype != torch.float32,
