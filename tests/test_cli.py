@@ -141,6 +141,24 @@ def test_resume_measures_only_the_missing_shapes(tmp_path):
     assert r.exit_code == 0 and "nothing to resume" in r.output
 
 
+def test_resume_on_another_card_says_so_and_records_the_card(tmp_path, monkeypatch):
+    from gdnbench.data import results
+
+    out = tmp_path / "part.json"
+    args = ("--device", "cpu", "--shapes", "smoke", "--backends", "reference", "--routes", "explicit")
+    assert invoke("run", *args, "--shape-id", "gdn_fixed_b2", "--out", str(out), "--no-plot").exit_code == 0
+    d = json.loads(out.read_text())
+    d["env"]["gpu"] = {"name": "Card", "uuid": "GPU-a"}
+    out.write_text(json.dumps(d))
+    real = results.capture_env
+    card_b = {"name": "Card", "uuid": "GPU-b"}
+    monkeypatch.setattr(results, "capture_env", lambda device: {**real(device), "gpu": card_b})
+    r = invoke("run", "--device", "cpu", "--resume", str(out), "--shape-id", "gdn_fixed_b2,kda_fixed", "--no-plot")
+    assert r.exit_code == 0, r.output
+    assert "the file began on card GPU-a, this is GPU-b: its rows will come from two cards" in r.output
+    assert json.loads(out.read_text())["run"]["resumed"][0]["gpu_uuid"] == "GPU-b"
+
+
 @pytest.mark.parametrize("edit, words", [
     (lambda d: d["shape_set"].update(hash="sha256:0"), "shape set hash"),
     (lambda d: d["env"]["git"].update(sha="0" * 40), "measured with git.sha '" + "0" * 40),

@@ -128,6 +128,26 @@ def test_compare_matches_rows_and_refuses_other_sets():
         cmp.compare(a, doc(ROWS, hash_="sha256:def"))
 
 
+def test_compare_says_whether_the_runs_shared_a_card():
+    def on(uuid):
+        d = doc(ROWS).to_dict()
+        d["env"] = {"device": "cuda", "gpu": {"name": "NVIDIA H200", "uuid": uuid}}
+        return RunDocument.from_dict(d)
+
+    notes = cmp.compare(on("GPU-a"), on("GPU-b"))[0].notes
+    assert any(n.startswith("different cards (A GPU-a, B GPU-b)") for n in notes)
+    assert "both runs on card GPU-a" in cmp.compare(on("GPU-a"), on("GPU-a"))[0].notes
+    assert not any("card" in n for n in cmp.compare(doc(ROWS), on("GPU-a"))[0].notes)  # a file names none
+
+
+def test_card_uuid_reads_the_device_properties():
+    class Props:
+        uuid = "4b1d3c2e-0000-1111-2222-333344445555"
+
+    assert results.card_uuid(Props()) == "4b1d3c2e-0000-1111-2222-333344445555"
+    assert results.card_uuid(object()) is None
+
+
 def test_results_round_trip_and_schema_refusal(tmp_path):
     d = doc(ROWS)
     p = results.write_atomic(d, tmp_path / "sub" / "r.json")

@@ -72,5 +72,17 @@ def compare(a: RunDocument, b: RunDocument, mode: str | None = None, backends: l
         gm = f"{geomean_of(xs):.3f}" if xs else "n/a"
         spread = f", per-row range {min(xs):.3f}..{max(xs):.3f}" if xs else ""
         notes.insert(0, f"geomean B/A [{kind}]: {gm} over {len(xs)}/{len(keys)} rows{spread}")
+    notes += _cards(a, b)
     headers = ["shape", "backend:route", "A wall", "B wall", "B/A wall", "A gpu", "B gpu", "B/A gpu"]
     return [Table("compare B/A (median µs)", headers, rows, notes)]
+
+
+def _cards(a: RunDocument, b: RunDocument) -> list[str]:
+    """A note on whether the two runs shared a card, where both files name theirs (env.gpu.uuid)."""
+    ua, ub = ((d.env.get("gpu") or {}).get("uuid") for d in (a, b))
+    if not (ua and ub):
+        return []
+    if ua == ub:
+        return [f"both runs on card {ua}"]
+    return [f"different cards (A {ua}, B {ub}): a kernel's time at one config can differ between cards of a model; "
+            "judge small changes on one card"]

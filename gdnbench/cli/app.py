@@ -194,6 +194,7 @@ def _run(shapes, backends, routes, shape_ids, mode, device, out, l2, warmup, rou
                 continue
             console.print(f"resuming {path}: {len(wanted)} shape(s) to measure: {', '.join(wanted)}", markup=False,
                           soft_wrap=True)
+            _say_if_another_card(prior.env, env)
             header = prior
         else:
             path = fresh_path(out, results.default_path(env, ss.name, stamp, mode))
@@ -201,7 +202,7 @@ def _run(shapes, backends, routes, shape_ids, mode, device, out, l2, warmup, rou
         codes.append(measure_and_write(ss, wanted, backend_names, routes_l, header, Path(path),
                                         resume, stamp, plot_chart, mode, lambda on_row, on_shape: run_set(
             ss, backend_names, routes_l, mode, device, check_tokens, params, wanted, isolate, on_row, on_shape,
-            worker_timeout, options=options or _backend_options())))
+            worker_timeout, options=options or _backend_options()), card=(env.get("gpu") or {}).get("uuid")))
         if codes[-1] not in (EXIT_OK, EXIT_NOTHING_MEASURED):
             break
     code = next((c for c in codes if c not in (EXIT_OK, EXIT_NOTHING_MEASURED)),
@@ -241,6 +242,14 @@ def report(
     if markdown:
         markdown.write_text(rep.to_markdown(tables))
         _say("wrote", "green", str(markdown))
+
+
+def _say_if_another_card(was: dict, now: dict) -> None:
+    """One line when a resumed run continues on another card than the one its file began on (both named)."""
+    ua, ub = ((e.get("gpu") or {}).get("uuid") for e in (was, now))
+    if ua and ub and ua != ub:
+        console.print(f"note: the file began on card {ua}, this is {ub}: its rows will come from two cards",
+                      markup=False, soft_wrap=True)
 
 
 def _check_format(fmt: str) -> None:

@@ -34,10 +34,10 @@ def fresh_path(out: Optional[Path], named: Path) -> Path:
 
 
 def measure_and_write(ss, wanted, backend_names, routes_l, header, path: Path, resume, stamp, plot_chart, mode,
-                      go) -> int:
+                      go, card: str | None = None) -> int:
     """Measure, journaling each row; write the document (complete or marked interrupted); the exit code.
     ``header``: the document measured rows join (a new run's, without rows; a resumed run's, with its
-    rows)."""
+    rows); ``card``: this process's GPU UUID, which a resumption records."""
     from dataclasses import replace
 
     from ..data import results
@@ -53,7 +53,8 @@ def measure_and_write(ss, wanted, backend_names, routes_l, header, path: Path, r
     with deferred_signals():
         if resume is not None:
             doc = results.merge_resumed(header, rows, wanted, {"argv": sys.argv[1:], "utc": stamp, "shapes": wanted,
-                                                               "interrupted": interrupted})
+                                                               "interrupted": interrupted,
+                                                               **({"gpu_uuid": card} if card else {})})
         else:
             doc = replace(header, run={**(header.run or {}), "interrupted": interrupted}, rows=rows)
         written = results.write_atomic(doc, path)

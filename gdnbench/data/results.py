@@ -91,6 +91,13 @@ def _nvidia_smi() -> dict:
     return dict(zip(fields, values))
 
 
+def card_uuid(props) -> str | None:
+    """The card's UUID (torch's device properties), so runs tell whether they shared a card: kernels at one config
+    and code timed up to 10 % apart in two runs on H200s leased 14 hours apart (docs/design.md)."""
+    uuid = getattr(props, "uuid", None)
+    return str(uuid) if uuid is not None else None
+
+
 def capture_env(device: str) -> dict:
     env = {
         "python": platform.python_version(),
@@ -120,6 +127,7 @@ def capture_env(device: str) -> dict:
                 "memory_gib": round(p.total_memory / 2**30, 1),
                 "l2_bytes": getattr(p, "L2_cache_size", None),
                 "count": torch.cuda.device_count(),
+                "uuid": card_uuid(p),
                 **_nvidia_smi(),
             }
     except ImportError:
