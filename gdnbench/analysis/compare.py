@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 from ..data.records import TIME_KINDS, RunDocument
+from ..data.results import card_of
 from .report import geomean_of, index_rows, median, run_mode
 from .tables import Table, fmt_us
 
@@ -79,7 +80,7 @@ def compare(a: RunDocument, b: RunDocument, mode: str | None = None, backends: l
 
 def _cards(a: RunDocument, b: RunDocument) -> list[str]:
     """A note on whether the two runs shared a card, where both files name theirs (env.gpu.uuid)."""
-    ua, ub = ((d.env.get("gpu") or {}).get("uuid") for d in (a, b))
+    ua, ub = card_of(a.env), card_of(b.env)
     if not (ua and ub):
         return []
     if ua == ub:

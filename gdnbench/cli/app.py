@@ -202,7 +202,7 @@ def _run(shapes, backends, routes, shape_ids, mode, device, out, l2, warmup, rou
         codes.append(measure_and_write(ss, wanted, backend_names, routes_l, header, Path(path),
                                         resume, stamp, plot_chart, mode, lambda on_row, on_shape: run_set(
             ss, backend_names, routes_l, mode, device, check_tokens, params, wanted, isolate, on_row, on_shape,
-            worker_timeout, options=options or _backend_options()), card=(env.get("gpu") or {}).get("uuid")))
+            worker_timeout, options=options or _backend_options()), card=results.card_of(env)))
         if codes[-1] not in (EXIT_OK, EXIT_NOTHING_MEASURED):
             break
     code = next((c for c in codes if c not in (EXIT_OK, EXIT_NOTHING_MEASURED)),
@@ -246,7 +246,9 @@ def report(
 
 def _say_if_another_card(was: dict, now: dict) -> None:
     """One line when a resumed run continues on another card than the one its file began on (both named)."""
-    ua, ub = ((e.get("gpu") or {}).get("uuid") for e in (was, now))
+    from ..data.results import card_of
+
+    ua, ub = card_of(was), card_of(now)
     if ua and ub and ua != ub:
         console.print(f"note: the file began on card {ua}, this is {ub}: its rows will come from two cards",
                       markup=False, soft_wrap=True)

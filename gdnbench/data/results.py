@@ -98,6 +98,11 @@ def card_uuid(props) -> str | None:
     return str(uuid) if uuid is not None else None
 
 
+def card_of(env) -> str | None:
+    """The UUID of the card a run's env names (``env.gpu.uuid``), None where it names none (CPU, older files)."""
+    return (env.get("gpu") or {}).get("uuid")
+
+
 def capture_env(device: str) -> dict:
     env = {
         "python": platform.python_version(),
