@@ -66,13 +66,14 @@ def _tf32(x):
 @triton.jit
 def _tile_steps(p_q, p_k, g, qd, kd, kr, dec, t0, n, rows, valid, i_hv, slot, r_q, r_k, H: tl.constexpr,
                 HV: tl.constexpr, K: tl.constexpr, BK: tl.constexpr, BKS: tl.constexpr, SCALE_K: tl.constexpr,
-                TF32_GRAMS: tl.constexpr, DEFER_KR: tl.constexpr = False):
+                TF32_GRAMS: tl.constexpr, DEFER_KR: tl.constexpr = False, ROW_Q: tl.constexpr = False):
     """A tile's BKS-channel steps: q_d (rows times r_q), k_d, k_r (rows times r_k where SCALE_K) and 2^c_last
     stored; returns the grams k_d k_i^T and q_d k_i^T, summed over the steps, and (DEFER_KR, one step) k_r unstored
     in fp32, for the caller to scale by rows it learns from the grams."""
     a_l = tl.zeros([16, 16], dtype=tl.float32)
     a_m = tl.zeros([16, 16], dtype=tl.float32)
     k_r_out = tl.zeros([16, BKS], dtype=tl.float32)
+    r_row = tl.full([16], 1.0, tl.float32)
     for k0 in tl.static_range(0, BK, BKS):
         o_k = k0 + tl.arange(0, BKS)
         m = valid[:, None] & (o_k < K)[None, :]
@@ -87,7 +88,13 @@ def _tile_steps(p_q, p_k, g, qd, kd, kr, dec, t0, n, rows, valid, i_hv, slot, r_
         e = tl.math.exp2(c)
         k_d = b_k * e
         k_i = b_k * tl.math.exp2(-c)
-        q_d = b_q * e * r_q[:, None]
+        if ROW_Q:  # one step: q's rstd from this load, applied to M's rows after the product
+            r_row = tl.rsqrt(tl.sum(b_q * b_q, 1) + 1e-6)
+            q_e = b_q * e
+            q_d = q_e * (r_q * r_row)[:, None]
+        else:
+            q_e = b_q * e * r_q[:, None]
+            q_d = q_e
         # k 2^(c_last - c) as k_i 2^c_last: one exp2 per element fewer (offline, sm_90, one warp, BK 64: flag 3896 ->
         # 3728 SASS instructions, 234 -> 202 registers); 2^c_last >= 2^-116 under bounded gates, a normal fp32
         d_last = tl.math.exp2(c_last)
@@ -104,12 +111,14 @@ def _tile_steps(p_q, p_k, g, qd, kd, kr, dec, t0, n, rows, valid, i_hv, slot, r_
         if TF32_GRAMS:
             k_t = tl.trans(_tf32(k_i))
             a_l = tl.dot(_tf32(k_d), k_t, a_l, input_precision="tf32")
-            a_m = tl.dot(_tf32(q_d), k_t, a_m, input_precision="tf32")
+            a_m = tl.dot(_tf32(q_e), k_t, a_m, input_precision="tf32")
         else:
             a_l = tl.dot(k_d, tl.trans(k_i), a_l, input_precision="tf32x3")
-            a_m = tl.dot(q_d, tl.trans(k_i), a_m, input_precision="tf32x3")
+            a_m = tl.dot(q_e, tl.trans(k_i), a_m, input_precision="tf32x3")
         # after the products: stored before them it left the one-step form 752 B of stack at one warp, not 256
         tl.store(dec + slot * K + o_k, d_last, mask=o_k < K)
+    if ROW_Q:
+        a_m = a_m * (r_q * r_row)[:, None]
     return a_l, a_m, k_r_out
 
 
@@ -176,8 +185,9 @@ def kda16_prep_kernel(q, k, g, beta, qd, kd, kr, inv, mqk, dec, rk, cu_seqlens, 
     [chunks*4, HV, K] fp32 (2^c_last).  The grams take fp32 operands (fp32's exponent range holds k 2^-c; a
     16-bit k would not in fp16), as tf32x3 products or (TF32_GRAMS) one tf32 product of rounded operands.
     BKS of the K channels a step (``KernelConfig.BK``; the gate's cumsum runs per channel, the grams accumulate
-    over the steps).  NORM_Q: q's row sums of squares first, in the same steps (MMA_SUMS: on the tensor cores);
-    its rstd rides on q_d's scale.  NORM_K, in one step: k's rows stay raw in the grams and k_d, their sums of
+    over the steps).  NORM_Q: in one step q's rstd comes from the step's own load and
+    scales M's rows after the product (the product does not wait on the row sums); in K steps the row sums come
+    first, in steps of their own (MMA_SUMS: on the tensor cores); either way it rides on q_d's scale.  NORM_K, in one step: k's rows stay raw in the grams and k_d, their sums of
     squares the k gram's diagonal; rk [chunks*4, HV, 16] fp32 gets k's rstd r, which the loop applies to k_d S, and
     the rest take it here, k_r stored as k_r r once r is known:
 
@@ -201,7 +211,7 @@ def kda16_prep_kernel(q, k, g, beta, qd, kd, kr, inv, mqk, dec, rk, cu_seqlens, 
     p_q = q + t0 * (H * K) + i_h * K
     p_k = k + t0 * (H * K) + i_h * K
     r_q = tl.full([16], 1.0, tl.float32) * scale  # q_d's row scale: the attention scale, times q's rstd
-    if NORM_Q:
+    if NORM_Q and BKS < BK:  # in one step q's rstd comes from the step's own load (_tile_steps, ROW_Q)
         r_q = r_q * _rstd(p_q, rows, valid, H * K, K, BK, BKS, MMA_SUMS)
     b_beta = _tile_beta(beta, t0, n, i_hv, HV)
     slot = (i_g * 4 + i_s) * HV + i_hv
@@ -210,7 +220,7 @@ def kda16_prep_kernel(q, k, g, beta, qd, kd, kr, inv, mqk, dec, rk, cu_seqlens, 
                    NORM_Q, TF32_GRAMS, MMA_SUMS)
     else:
         a_l, a_m, k_r = _tile_steps(p_q, p_k, g, qd, kd, kr, dec, t0, n, rows, valid, i_hv, slot, r_q, r_q, H, HV, K,
-                                    BK, BKS, False, TF32_GRAMS, NORM_K)
+                                    BK, BKS, False, TF32_GRAMS, NORM_K, NORM_Q and BKS == BK)
         if NORM_K:
             ssq = tl.sum(tl.where(rows[:, None] == rows[None, :], a_l, 0.0), 1)  # k_d k_i^T's diagonal: k's squares
             if tl.max(ssq, 0) < 16777216.0:  # 2^24 (NaN fails it too)
