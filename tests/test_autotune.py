@@ -167,8 +167,7 @@ def test_kda_tasks_per_route():
         ("kda16_prep", "plain", "flag"), ("kda16_loop", "plain", "flag"),
         ("output_fused", "fused_q", "fused_q"), ("kda_state_out", "fused_q", "fused_q"),
         ("kda16_prep", "fused_q", "fused_q"),
-        ("kda_intra", "fuse_k", "fused_qk"), ("wu", "fuse_k", "fused_qk"), ("kda16_prep", "fused_qk", "fused_qk"),
-        ("kda16_loop", "fuse_k", "fused_qk")]
+        ("kda_intra", "fuse_k", "fused_qk"), ("wu", "fuse_k", "fused_qk"), ("kda16_prep", "fused_qk", "fused_qk")]
     assert {t.family for t in tasks} == {"kda"}
     # the state kernel runs plain on every route: KDA's reads kg (k's rstd already in it), GDN's
     # v_new carries k's rstd on its rows
@@ -180,21 +179,10 @@ def test_kda_tasks_per_route():
     assert [tuned.variant_of("aqk", r) for r in ROUTES] == ["plain", "plain", "fused_q", "fused_qk"]
     # the in-loop form's loop: FUSE_Q under both fused routes, FUSE_K under fused_qk too
     assert [tuned.variant_of("fused_out", r) for r in ROUTES] == ["plain", "plain", "fused_q", "fused_qk"]
-    # KDA's 16-token form: the prepare kernel's NORM_Q / NORM_K per route, its loop's NORM_K (raw k rows) under fused_qk
+    # KDA's 16-token form: the prepare kernel's NORM_Q / NORM_K per route; its loop is one kernel for every route
     assert [tuned.variant_of("kda16_prep", r, "kda") for r in ROUTES] == ["plain", "plain", "fused_q", "fused_qk"]
-    assert [tuned.variant_of("kda16_loop", r, "kda") for r in ROUTES] == ["plain", "plain", "plain", "fuse_k"]
+    assert [tuned.variant_of("kda16_loop", r, "kda") for r in ROUTES] == ["plain"] * 4
     assert at_plan.plan_tasks(["fused_qk"], ["gram"], "kda") == [] and at_plan.plan_tasks(["flag"], ["kda_intra"]) == []
-
-
-def test_fused_qk_loop_variant_follows_the_prepare_kernels_form():
-    """A run looks fused_qk's kda16_loop up as fuse_k (NORM_K) where kda16_prep takes K in one step, its default or
-    a winner's BK = K, and as plain where the winner walks K in steps (its rows normalized on load)."""
-    sh = next(s for s in shp.load("kda-legacy6").shapes if s.id == "h96_fixed")
-    assert tuned.run_variant("kda16_loop", "fused_qk", sh, {}) == "fuse_k"
-    assert tuned.run_variant("kda16_loop", "fused_qk", sh, {"kda16_prep": {"BK": 128, "num_warps": 1}}) == "fuse_k"
-    assert tuned.run_variant("kda16_loop", "fused_qk", sh, {"kda16_prep": {"BK": 64, "num_warps": 1}}) == "plain"
-    assert tuned.run_variant("kda16_loop", "flag", sh, {"kda16_prep": {"BK": 64}}) == "plain"
-    assert tuned.run_variant("kda16_prep", "fused_qk", sh, {}) == "fused_qk"
 
 
 def test_plan_tasks_dedupes_specializations():
@@ -622,15 +610,13 @@ def test_kda16_choice_times_its_two_kernels_against_the_ones_they_replace(tmp_pa
         False, "kda16_prep + kda16_loop 1200.0 us vs kda_intra + wu + kda_state_out 1080.0 us")
     # fused_qk: its prepare and loop variants are timed; the replaced kernels it has no entry for take flag's
     assert tuned.kda16_choice(shape, "fused_qk", ENV, tmp_path) == (False, "no tuned kda16_prep")
-    save("kda16_prep", 320.0, "fused_qk")
-    assert tuned.kda16_choice(shape, "fused_qk", ENV, tmp_path) == (False, "no tuned kda16_loop")
-    save("kda16_loop", 905.0, "fuse_k")
+    save("kda16_prep", 320.0, "fused_qk")  # the loop is flag's
     assert tuned.kda16_choice(shape, "fused_qk", ENV, tmp_path) == (
-        True, "kda16_prep + kda16_loop 1225.0 us vs kda_intra + wu + state + output_fused 1760.0 us")
+        True, "kda16_prep + kda16_loop 1220.0 us vs kda_intra + wu + state + output_fused 1760.0 us")
     save("kda_intra", 50.0, "fuse_k")
     save("wu", 10.0, "fuse_k")
     assert tuned.kda16_choice(shape, "fused_qk", ENV, tmp_path) == (
-        False, "kda16_prep + kda16_loop 1225.0 us vs kda_intra + wu + state + output_fused 840.0 us")
+        False, "kda16_prep + kda16_loop 1220.0 us vs kda_intra + wu + state + output_fused 840.0 us")
     assert tuned.kda16_choice(dataclasses.replace(shape, lower_bound=None), "flag", ENV, tmp_path) == (False, "")
     assert tuned.kda16_choice(_shape(), "flag", ENV, tmp_path) == (False, "")
     assert tuned.kda16_choice(shape, "flag", None, tmp_path) == (False, "")
@@ -768,9 +754,9 @@ def test_dry_run_lists_kda_searches_for_kda_legacy6():
                    "output_fused variant=fused_q route=fused_q"):
         assert f"{search} {key}" in r.output
     assert "gram variant" not in r.output and "state variant=fuse_k" not in r.output
-    # 4 shape keys (the mixed and uniform sets of a head count share one) x 15 specializations (10, and the
-    # 16-token form's prepare kernel per norm variant and its loop's two)
-    assert "60 searches, nothing run" in r.output and "output_fused variant=fused_qk" not in r.output
+    # 4 shape keys (the mixed and uniform sets of a head count share one) x 14 specializations (10, and the
+    # 16-token form's prepare kernel per norm variant and its one loop)
+    assert "56 searches, nothing run" in r.output and "output_fused variant=fused_qk" not in r.output
     assert f"kda16_loop variant=plain route=flag {key}" in r.output
     # --family selects shapes by family: no gdn shape in kda-legacy6, no kda shape with --family gdn
     r = CliRunner().invoke(_app(), ["autotune", "--dry-run", "--shapes", "kda-legacy6", "--family", "gdn"])

@@ -167,12 +167,6 @@ def kda16_step(c: KernelConfig, K: int) -> int:
     return next_pow2(K) if c.BK is None else block(c.BK, K)
 
 
-def kda16_in_steps(c: KernelConfig, K: int) -> bool:
-    """Whether kda16_prep walks K in more than one step: there fused_qk normalizes k's rows on load and writes no
-    rstd for the loop (in one step the rows stay raw and the loop applies it)."""
-    return kda16_step(c, K) < next_pow2(K)
-
-
 def split_width(BV: int, segments: int) -> int:
     """Columns per program of a V-split head (KernelConfig.split_v): the V slab shared by the segment programs,
     at least 32 (the narrowest slab measured on the H200), at most the slab."""

@@ -5,20 +5,18 @@ start), k_d = k 2^c, k_i = k 2^-c, q_d = scale q 2^c, k_r = k 2^(c_last - c); th
 k_d k_i^T) and M = lower(q_d k_i^T); INV = (I + L)^-1 by doubling, (I - L)(I + L^2)(I + L^4)(I + L^8) (L^16 = 0),
 stored with beta folded into its columns.  With |g| <= 5 per token (the bounded-gate contract) 2^-c stays within
 2^115 over 16 tokens, inside fp32's and bf16's range, so the grams are single products with no reference point.
-NORM_Q / NORM_K fold the rows' l2 norm in (x / sqrt(sum x^2 + 1e-6), fp32): q's on q_d's row scale; k's rows
-stay raw in the grams and k_d, their rstd r (the k gram's diagonal) folded into L, M and k_r and applied to the
-loop's k_d S, where K comes in one step; in K steps they are normalized on load and the loop is the plain one
-(kda16_prep_kernel; tuned.run_variant).
+NORM_Q / NORM_K fold the rows' l2 norm in (x / sqrt(sum x^2 + 1e-6), fp32): q's on q_d's row scale, k's rows
+normalized as they load, so the loop is the same under every route (kda16_prep_kernel).
 
 Loop, per (V block, sequence * value head): the state S [K, BV] in fp32 registers, 16 tokens a step:
 
-    U = INV_beta (v - k_d S),  o = q_d S + M U,  S = diag(2^c_last) S + k_r^T U    (NORM_K: v - diag(r) k_d S)
+    U = INV_beta (v - k_d S),  o = q_d S + M U,  S = diag(2^c_last) S + k_r^T U
 
 so w, u, h and v_new never reach memory; per token the prepare kernel writes q_d, k_d, k_r (16-bit) and per tile
 INV, M and 2^c_last.  (FlashKDA, MoonshotAI, CUTLASS: the same split; its recurrence is one program per sequence
 and head, here V is split over programs as in the state kernels.)
 
-Both kernels are searched by the autotuner (kda16_prep per norm variant, kda16_loop plain and NORM_K), and the
+Both kernels are searched by the autotuner (kda16_prep per norm variant, kda16_loop once), and the
 `gdnbench` backend takes this form where their tuned times beat the kernels they replace (kernels/tuned.py,
 kda16_choice).
 """
@@ -32,24 +30,24 @@ from .state import _sequence_span
 
 @triton.jit
 def _rstd(ptr, rows, valid, stride, K: tl.constexpr, BK: tl.constexpr, BKS: tl.constexpr, MMA: tl.constexpr):
-    """1 / sqrt(sum x^2 + 1e-6) of the rows of a [16, K] head slice, BKS columns a step: the squares' row sums, or
-    (MMA, 16-bit x, in steps) the diagonal of x x^T on the tensor cores (16-bit products are exact in fp32).
-    Offline (sm_90, one warp, tf32_grams, BK 64) MMA takes fewer instructions and more registers: the prepare
-    kernel's common path (to its first EXIT) 3751 SASS instructions at 255 registers and 16 B of stack under fused_q
-    against 3900 at 210 (flag 3719 at 202), and under fused_qk, whose rows are normalized on load where K comes in
-    steps, 4104 in all at 255 and 48 B against 4184 at 254; in one step it left 840 B of stack against the row sums' 232, so there
-    the row sums stay.  Which wins is the search's (``KernelConfig.mma_sums``)."""
+    """1 / sqrt(sum x^2 + 1e-6) of the rows of a [16, K] head slice, K in steps of BKS columns (in one step the
+    prepare kernel takes the sums from its own load): the squares' row sums, or (MMA, 16-bit x) the diagonal of
+    x x^T on the tensor cores (16-bit products are exact in fp32).  Offline (sm_90, one warp, tf32_grams, BK 64)
+    MMA takes fewer instructions and more registers: the prepare kernel's common path (to its first EXIT) 3751 SASS
+    instructions at 255 registers and 16 B of stack under fused_q against 3900 at 210 (flag 3719 at 202), and under
+    fused_qk 4104 in all at 255 and 48 B against 4184 at 254.  Which wins is the search's
+    (``KernelConfig.mma_sums``)."""
     xx = tl.zeros([16, 16], dtype=tl.float32)
     sq = tl.zeros([16, BKS], dtype=tl.float32)  # the squares summed over the steps, then over the row once
     for k0 in tl.static_range(0, BK, BKS):
         o_k = k0 + tl.arange(0, BKS)
         x = tl.load(ptr + rows[:, None] * stride + o_k[None, :], mask=valid[:, None] & (o_k < K)[None, :],
                     other=0.0)
-        if not MMA or x.dtype == tl.float32 or BKS == BK:
+        if not MMA or x.dtype == tl.float32:
             sq += x.to(tl.float32) * x.to(tl.float32)
         else:
             xx = tl.dot(x, tl.trans(x), xx)
-    if MMA and ptr.dtype.element_ty != tl.float32 and BKS < BK:
+    if MMA and ptr.dtype.element_ty != tl.float32:
         ssq = tl.sum(tl.where(rows[:, None] == rows[None, :], xx, 0.0), 1)
     else:
         ssq = tl.sum(sq, 1)
@@ -66,13 +64,12 @@ def _tf32(x):
 @triton.jit
 def _tile_steps(p_q, p_k, g, qd, kd, kr, dec, t0, n, rows, valid, i_hv, slot, r_q, r_k, H: tl.constexpr,
                 HV: tl.constexpr, K: tl.constexpr, BK: tl.constexpr, BKS: tl.constexpr, SCALE_K: tl.constexpr,
-                TF32_GRAMS: tl.constexpr, DEFER_KR: tl.constexpr = False, ROW_Q: tl.constexpr = False):
+                TF32_GRAMS: tl.constexpr, ROW_Q: tl.constexpr = False, ROW_K: tl.constexpr = False):
     """A tile's BKS-channel steps: q_d (rows times r_q), k_d, k_r (rows times r_k where SCALE_K) and 2^c_last
-    stored; returns the grams k_d k_i^T and q_d k_i^T, summed over the steps, and (DEFER_KR, one step) k_r unstored
-    in fp32, for the caller to scale by rows it learns from the grams."""
+    stored; returns the grams k_d k_i^T and q_d k_i^T, summed over the steps.  ROW_Q / ROW_K (one step): q's / k's
+    rstd from the step's own load."""
     a_l = tl.zeros([16, 16], dtype=tl.float32)
     a_m = tl.zeros([16, 16], dtype=tl.float32)
-    k_r_out = tl.zeros([16, BKS], dtype=tl.float32)
     r_row = tl.full([16], 1.0, tl.float32)
     for k0 in tl.static_range(0, BK, BKS):
         o_k = k0 + tl.arange(0, BKS)
@@ -82,7 +79,9 @@ def _tile_steps(p_q, p_k, g, qd, kd, kr, dec, t0, n, rows, valid, i_hv, slot, r_
         c_last = tl.sum(tl.where(rows[:, None] == tl.minimum(n, 16) - 1, c, 0.0), 0)
         b_k = tl.load(p_k + rows[:, None] * (H * K) + o_k[None, :], mask=m, other=0.0).to(tl.float32)
         b_q = tl.load(p_q + rows[:, None] * (H * K) + o_k[None, :], mask=m, other=0.0).to(tl.float32)
-        if SCALE_K:
+        if ROW_K:  # normalized before the gates touch it: k 2^-c cannot overflow
+            b_k = b_k * tl.rsqrt(tl.sum(b_k * b_k, 1) + 1e-6)[:, None]
+        elif SCALE_K:
             b_k = b_k * r_k[:, None]
         # rows past the tile's end load g = 0 and keep c_last; their k and q are zero
         e = tl.math.exp2(c)
@@ -102,10 +101,7 @@ def _tile_steps(p_q, p_k, g, qd, kd, kr, dec, t0, n, rows, valid, i_hv, slot, r_
         p_tok = (t0 + rows[:, None]) * (HV * K) + i_hv * K + o_k[None, :]
         tl.store(qd + p_tok, q_d.to(qd.dtype.element_ty), mask=m)
         tl.store(kd + p_tok, k_d.to(kd.dtype.element_ty), mask=m)
-        if DEFER_KR:
-            k_r_out = k_r
-        else:
-            tl.store(kr + p_tok, k_r.to(kr.dtype.element_ty), mask=m)
+        tl.store(kr + p_tok, k_r.to(kr.dtype.element_ty), mask=m)
         # a tf32 product truncates its fp32 operands, which biased o by 7e-4 on the H200 (budget 8e-5): tf32x3, or
         # operands rounded to tf32 first (TF32_GRAMS, 16-bit storage)
         if TF32_GRAMS:
@@ -119,21 +115,16 @@ def _tile_steps(p_q, p_k, g, qd, kd, kr, dec, t0, n, rows, valid, i_hv, slot, r_
         tl.store(dec + slot * K + o_k, d_last, mask=o_k < K)
     if ROW_Q:
         a_m = a_m * (r_q * r_row)[:, None]
-    return a_l, a_m, k_r_out
+    return a_l, a_m
 
 
 @triton.jit
-def _solve_store(a_l, a_m, b_beta, r_k, inv, mqk, slot, rows, SCALE: tl.constexpr):
-    """L = strict-lower(diag(beta) G) from the k gram G = k_d k_i^T and M = lower(q_d k_i^T), or (SCALE, raw k rows
-    with rstd r) strict-lower(diag(beta r) G diag(r)) and lower(q_d k_i^T) diag(r); INV = (I + L)^-1 by doubling,
-    stored as INV diag(beta)."""
+def _solve_store(a_l, a_m, b_beta, inv, mqk, slot, rows):
+    """L = strict-lower(diag(beta) G) from the k gram G = k_d k_i^T and M = lower(q_d k_i^T); INV = (I + L)^-1 by
+    doubling, stored as INV diag(beta)."""
     lower = rows[:, None] > rows[None, :]
-    if SCALE:
-        a_l = tl.where(lower, a_l * (b_beta * r_k)[:, None] * r_k[None, :], 0.0)
-        a_m = tl.where(lower | (rows[:, None] == rows[None, :]), a_m * r_k[None, :], 0.0)
-    else:
-        a_l = tl.where(lower, a_l * b_beta[:, None], 0.0)
-        a_m = tl.where(lower | (rows[:, None] == rows[None, :]), a_m, 0.0)
+    a_l = tl.where(lower, a_l * b_beta[:, None], 0.0)
+    a_m = tl.where(lower | (rows[:, None] == rows[None, :]), a_m, 0.0)
     eye = tl.where(rows[:, None] == rows[None, :], 1.0, 0.0)
     x = eye - a_l
     p = tl.dot(a_l, a_l, input_precision="tf32x3")  # L^2, L^4, L^8: strictly lower, nilpotent
@@ -142,7 +133,7 @@ def _solve_store(a_l, a_m, b_beta, r_k, inv, mqk, slot, rows, SCALE: tl.constexp
     x = x + tl.dot(x, p, input_precision="tf32x3")
     p = tl.dot(p, p, input_precision="tf32x3")
     x = x + tl.dot(x, p, input_precision="tf32x3")
-    x = x * b_beta[None, :]  # U = INV diag(beta) (v - k_d S)  (SCALE: v - diag(r) k_d S)
+    x = x * b_beta[None, :]  # U = INV diag(beta) (v - k_d S)
     p_tile = slot * 256 + rows[:, None] * 16 + rows[None, :]
     tl.store(inv + p_tile, x.to(inv.dtype.element_ty))
     tl.store(mqk + p_tile, a_m.to(mqk.dtype.element_ty))
@@ -155,28 +146,25 @@ def _tile_beta(beta, t0, n, i_hv, HV: tl.constexpr):
 
 
 @triton.jit(noinline=True)
-def _prep_redo(p_q, p_k, g, beta, qd, kd, kr, inv, mqk, dec, rk, t0, n, i_hv, slot, scale, H: tl.constexpr,
-               HV: tl.constexpr, K: tl.constexpr, BK: tl.constexpr, BKS: tl.constexpr, NORM_Q: tl.constexpr,
-               TF32_GRAMS: tl.constexpr, MMA_SUMS: tl.constexpr):
-    """NORM_K's rare path in one step, and its form in K steps (where k_r is stored before r is known): the tile
-    with k's rows normalized on load, r = 1.  A call, not inlined (as gram_solve's rare path): offline (sm_90, one
-    warp, tf32_grams, BK 128) inlined it left 736 B of stack and 4337 SASS instructions on the common path, the
-    call 176 B and 4167."""
+def _prep_normed_steps(p_q, p_k, g, beta, qd, kd, kr, inv, mqk, dec, t0, n, i_hv, slot, scale, H: tl.constexpr,
+                       HV: tl.constexpr, K: tl.constexpr, BK: tl.constexpr, BKS: tl.constexpr, NORM_Q: tl.constexpr,
+                       TF32_GRAMS: tl.constexpr, MMA_SUMS: tl.constexpr):
+    """NORM_K with K in steps, where k_r is stored a step at a time: the rows' rstd first (_rstd), then the steps
+    on rows normalized as they load.  A call, the form searched on the H200 (fused_qk at BK 64: 534.9 us at
+    h96_fixed against flag's 567.2)."""
     rows = tl.arange(0, 16)
     valid = rows < n
     r_q = tl.full([16], 1.0, tl.float32) * scale
     if NORM_Q:
         r_q = r_q * _rstd(p_q, rows, valid, H * K, K, BK, BKS, MMA_SUMS)
     r_k = _rstd(p_k, rows, valid, H * K, K, BK, BKS, MMA_SUMS)
-    a_l, a_m, _ = _tile_steps(p_q, p_k, g, qd, kd, kr, dec, t0, n, rows, valid, i_hv, slot, r_q, r_k, H, HV, K,
-                              BK, BKS, True, TF32_GRAMS)
-    _solve_store(a_l, a_m, _tile_beta(beta, t0, n, i_hv, HV), r_k, inv, mqk, slot, rows, False)
-    if rk is not None:  # None in K steps, where every tile comes here and the loop takes plain k_d
-        tl.store(rk + slot * 16 + rows, tl.full([16], 1.0, tl.float32))
+    a_l, a_m = _tile_steps(p_q, p_k, g, qd, kd, kr, dec, t0, n, rows, valid, i_hv, slot, r_q, r_k, H, HV, K, BK,
+                           BKS, True, TF32_GRAMS)
+    _solve_store(a_l, a_m, _tile_beta(beta, t0, n, i_hv, HV), inv, mqk, slot, rows)
 
 
 @triton.jit
-def kda16_prep_kernel(q, k, g, beta, qd, kd, kr, inv, mqk, dec, rk, cu_seqlens, chunk_indices, T, NT, scale,
+def kda16_prep_kernel(q, k, g, beta, qd, kd, kr, inv, mqk, dec, cu_seqlens, chunk_indices, T, NT, scale,
                       H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, BK: tl.constexpr, BKS: tl.constexpr,
                       IS_VARLEN: tl.constexpr, NORM_Q: tl.constexpr, NORM_K: tl.constexpr,
                       TF32_GRAMS: tl.constexpr, MMA_SUMS: tl.constexpr):
@@ -185,21 +173,17 @@ def kda16_prep_kernel(q, k, g, beta, qd, kd, kr, inv, mqk, dec, rk, cu_seqlens, 
     [chunks*4, HV, K] fp32 (2^c_last).  The grams take fp32 operands (fp32's exponent range holds k 2^-c; a
     16-bit k would not in fp16), as tf32x3 products or (TF32_GRAMS) one tf32 product of rounded operands.
     BKS of the K channels a step (``KernelConfig.BK``; the gate's cumsum runs per channel, the grams accumulate
-    over the steps).  NORM_Q: in one step q's rstd comes from the step's own load and
-    scales M's rows after the product (the product does not wait on the row sums); in K steps the row sums come
-    first, in steps of their own (MMA_SUMS: on the tensor cores); either way it rides on q_d's scale.  NORM_K, in one step: k's rows stay raw in the grams and k_d, their sums of
-    squares the k gram's diagonal; rk [chunks*4, HV, 16] fp32 gets k's rstd r, which the loop applies to k_d S, and
-    the rest take it here, k_r stored as k_r r once r is known:
-
-        L = diag(beta r) G diag(r) (strictly lower),  M = q_d k_i^T diag(r)
-
-    so the loop's U is the normalized route's.  Carrying r on U instead (U' = diag(r) U against raw M and k_r, k_r
-    stored within the step, 3968 SASS instructions and 56 B of stack at BK 128) raised fused_qk's final-state scale
-    error on the H200 4-20x on kda-legacy6's strong gates (1.15e-4 against a budget of 1.07e-4 at h96_uniform; o's
-    rel-RMS 2.93e-3 -> 3.38e-3); under the interpreter in bf16 the same step and this one measured o at 3.43e-3 and
-    3.29e-3 (T 2048, H 2, K 128), the latter the normalize-on-load form's.  A tile with a row whose sum of squares
-    reaches 2^24 (|k| >= 2^12, where k 2^-c may overflow at the lower bound), and every tile where K comes in steps,
-    is redone with its rows normalized on load and r = 1 (_prep_redo)."""
+    over the steps).  NORM_Q: in one step q's rstd comes from the step's own load and scales M's rows after the
+    product (the product does not wait on the row sums); in K steps the row sums come first, in steps of their own
+    (MMA_SUMS: on the tensor cores); either way it rides on q_d's scale.  NORM_K: k's rows normalized as they load,
+    before the gates touch them (k 2^-c cannot overflow, and the loop needs no rstd), their sums in one step from
+    the step's own load (ROW_K), in K steps first (_prep_normed_steps).  In one step (offline, sm_90, one warp,
+    tf32_grams, T 8192) fused_q compiles to 3920 SASS instructions at 112 B of stack and fused_qk to 4112 at 72 B,
+    against flag's 3768 at 136 B (packed sequences: 3920 at 128 B, 4088 at 64 B, flag 3792 at 160 B).  Keeping k's rows raw in the grams instead
+    (r from the k gram's diagonal folded into L, M and k_r, the loop applying it to k_d S, a rare path for |k| >=
+    2^12) passed the gate on the H200 with the same errors but compiled to 4167 SASS instructions at 176 B of stack
+    (one step, dense, offline); carrying r on U against raw M and k_r had raised fused_qk's final-state scale error
+    4-20x (1.15e-4 against a budget of 1.07e-4 at h96_uniform)."""
     i_c, i_bh, i_s = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     i_b, i_hv = i_bh // HV, i_bh % HV
     i_h = i_hv // (HV // H)
@@ -215,26 +199,13 @@ def kda16_prep_kernel(q, k, g, beta, qd, kd, kr, inv, mqk, dec, rk, cu_seqlens, 
         r_q = r_q * _rstd(p_q, rows, valid, H * K, K, BK, BKS, MMA_SUMS)
     b_beta = _tile_beta(beta, t0, n, i_hv, HV)
     slot = (i_g * 4 + i_s) * HV + i_hv
-    if NORM_K and BKS < BK:  # K in steps: k_r is stored a step at a time, before r is known; rk is None
-        _prep_redo(p_q, p_k, g, beta, qd, kd, kr, inv, mqk, dec, rk, t0, n, i_hv, slot, scale, H, HV, K, BK, BKS,
-                   NORM_Q, TF32_GRAMS, MMA_SUMS)
+    if NORM_K and BKS < BK:
+        _prep_normed_steps(p_q, p_k, g, beta, qd, kd, kr, inv, mqk, dec, t0, n, i_hv, slot, scale, H, HV, K, BK, BKS,
+                           NORM_Q, TF32_GRAMS, MMA_SUMS)
     else:
-        a_l, a_m, k_r = _tile_steps(p_q, p_k, g, qd, kd, kr, dec, t0, n, rows, valid, i_hv, slot, r_q, r_q, H, HV, K,
-                                    BK, BKS, False, TF32_GRAMS, NORM_K, NORM_Q and BKS == BK)
-        if NORM_K:
-            ssq = tl.sum(tl.where(rows[:, None] == rows[None, :], a_l, 0.0), 1)  # k_d k_i^T's diagonal: k's squares
-            if tl.max(ssq, 0) < 16777216.0:  # 2^24 (NaN fails it too)
-                r_k = tl.rsqrt(ssq + 1e-6)
-                o_k = tl.arange(0, BKS)
-                tl.store(kr + (t0 + rows[:, None]) * (HV * K) + i_hv * K + o_k[None, :],
-                         (k_r * r_k[:, None]).to(kr.dtype.element_ty), mask=valid[:, None] & (o_k < K)[None, :])
-                _solve_store(a_l, a_m, b_beta, r_k, inv, mqk, slot, rows, True)
-                tl.store(rk + slot * 16 + rows, r_k)
-            else:
-                _prep_redo(p_q, p_k, g, beta, qd, kd, kr, inv, mqk, dec, rk, t0, n, i_hv, slot, scale, H, HV, K, BK,
-                           BKS, NORM_Q, TF32_GRAMS, MMA_SUMS)
-        else:
-            _solve_store(a_l, a_m, b_beta, b_beta, inv, mqk, slot, rows, False)
+        a_l, a_m = _tile_steps(p_q, p_k, g, qd, kd, kr, dec, t0, n, rows, valid, i_hv, slot, r_q, r_q, H, HV, K, BK,
+                               BKS, False, TF32_GRAMS, NORM_Q and BKS == BK, NORM_K)
+        _solve_store(a_l, a_m, b_beta, inv, mqk, slot, rows)
 
 
 # The same kernel compiled for any T (``KernelConfig.generic_t``, searched).  Specialized on T % 16 == 0 (the
@@ -247,12 +218,10 @@ kda16_prep_kernel_any_t = triton.jit(do_not_specialize=["T"])(kda16_prep_kernel.
 
 
 @triton.jit(do_not_specialize=["T"])
-def kda16_loop_kernel(qd, kd, kr, v, inv, mqk, dec, rk, o, h0, ht, cu_seqlens, chunk_offsets, T, NT,
+def kda16_loop_kernel(qd, kd, kr, v, inv, mqk, dec, o, h0, ht, cu_seqlens, chunk_offsets, T, NT,
                       HV: tl.constexpr, K: tl.constexpr, BK: tl.constexpr, V: tl.constexpr, BV: tl.constexpr,
-                      IS_VARLEN: tl.constexpr, USE_H0: tl.constexpr, STORE_HT: tl.constexpr, NORM_K: tl.constexpr,
-                      PREC: tl.constexpr):
-    """Grid (cdiv(V, BV), N*HV).  o like v; h0 / ht [N, HV, K, V] fp32.  NORM_K: k_d raw, k's rstd per row in rk
-    (the prepare kernel's NORM_K), applied to k_d S."""
+                      IS_VARLEN: tl.constexpr, USE_H0: tl.constexpr, STORE_HT: tl.constexpr, PREC: tl.constexpr):
+    """Grid (cdiv(V, BV), N*HV).  o like v; h0 / ht [N, HV, K, V] fp32."""
     i_v, i_nh = tl.program_id(0), tl.program_id(1)
     i_n, i_hv = i_nh // HV, i_nh % HV
     bos, seq_len = _sequence_span(cu_seqlens, i_n, T, IS_VARLEN)
@@ -284,10 +253,7 @@ def kda16_loop_kernel(qd, kd, kr, v, inv, mqk, dec, rk, o, h0, ht, cu_seqlens, c
         p_v = tok * (HV * V) + i_hv * V + rows[:, None] * (HV * V) + o_v[None, :]
         b_v = tl.load(v + p_v, mask=m_tv, other=0.0).to(tl.float32)
         b_sd = b_s.to(b_kd.dtype)
-        if NORM_K:
-            b_x = b_v - tl.load(rk + slot * 16 + rows)[:, None] * tl.dot(b_kd, b_sd, input_precision=PREC)
-        else:
-            b_x = b_v - tl.dot(b_kd, b_sd, input_precision=PREC)
+        b_x = b_v - tl.dot(b_kd, b_sd, input_precision=PREC)
         b_u = tl.dot(b_inv, b_x.to(b_inv.dtype), input_precision=PREC)
         b_uo = b_u.to(v.dtype.element_ty).to(b_m.dtype)  # U as a two-kernel path would store it
         b_o = tl.dot(b_m, b_uo, tl.dot(b_qd, b_sd, input_precision=PREC), input_precision=PREC)

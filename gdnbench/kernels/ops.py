@@ -64,7 +64,6 @@ from .config import (
     block,
     cdiv,
     default_config,
-    kda16_in_steps,
     kda16_step,
     next_pow2,
     split_width,
@@ -529,9 +528,8 @@ def kda_chunk16(q, k, v, g, beta, *, scale, initial_state=None, output_final_sta
 def kda16_prepare(q, k, g, beta, *, scale, norm_q=False, norm_k=False, varlen=None,
                   config: GDNConfig = DEFAULT_CONFIG, on_launch=None) -> dict:
     """The 16-token form's prepare kernel: per token q_d, k_d, k_r [B,T,HV,K] in k's dtype; per tile INV (beta
-    folded in) and M [tiles, HV, 16, 16] in k's dtype, 2^c_last [tiles, HV, K] fp32 and, under ``norm_k`` in one
-    step, k's rstd rk [tiles, HV, 16] fp32 (k_d raw; tiles: 4 per chunk), which makes the loop apply it (NORM_K);
-    with K in steps the rows are normalized on load and rk is None."""
+    folded in) and M [tiles, HV, 16, 16] in k's dtype, 2^c_last [tiles, HV, K] fp32 (tiles: 4 per chunk);
+    ``norm_q`` / ``norm_k`` fold q's / k's row norm in."""
     B, T, H, K = k.shape
     HV = beta.shape[2]
     n_chunks, NT = _chunk_grid(B, T, varlen)
@@ -539,15 +537,13 @@ def kda16_prepare(q, k, g, beta, *, scale, norm_q=False, norm_k=False, varlen=No
     qd, kd, kr = (torch.empty(B, T, HV, K, device=k.device, dtype=k.dtype) for _ in range(3))
     inv, mqk = (torch.empty(tiles, HV, 16, 16, device=k.device, dtype=k.dtype) for _ in range(2))
     dec = torch.empty(tiles, HV, K, device=k.device, dtype=torch.float32)
-    raw_k = norm_k and not kda16_in_steps(config.kda16_prep, K)  # in steps k's rows are normalized on load: no rk
-    rk = torch.empty(tiles, HV, 16, device=k.device, dtype=torch.float32) if raw_k else None
     kernel = kda16_prep_kernel_any_t if config.kda16_prep.generic_t else kda16_prep_kernel
     _launch(kernel, (n_chunks, B * HV, 4), config.kda16_prep,
-            q, k, g, beta, qd, kd, kr, inv, mqk, dec, rk, *_varlen_args(varlen), T, NT, float(scale), H=H, HV=HV,
+            q, k, g, beta, qd, kd, kr, inv, mqk, dec, *_varlen_args(varlen), T, NT, float(scale), H=H, HV=HV,
             K=K, BK=next_pow2(K), BKS=kda16_step(config.kda16_prep, K), IS_VARLEN=varlen is not None, NORM_Q=norm_q,
             NORM_K=norm_k, TF32_GRAMS=config.kda16_prep.tf32_grams and k.dtype != torch.float32,
             MMA_SUMS=config.kda16_prep.mma_sums and k.dtype != torch.float32, hooks=on_launch)
-    return dict(qd=qd, kd=kd, kr=kr, inv=inv, mqk=mqk, dec=dec, rk=rk)
+    return dict(qd=qd, kd=kd, kr=kr, inv=inv, mqk=mqk, dec=dec)
 
 
 def kda16_loop(tiles: dict, v, *, initial_state=None, output_final_state=False, varlen=None,
@@ -563,11 +559,10 @@ def kda16_loop(tiles: dict, v, *, initial_state=None, output_final_state=False, 
     cfg = config.kda16_loop
     BV = block(cfg.BV, V)
     _launch(kda16_loop_kernel, (cdiv(V, BV), N * HV), cfg,
-            tiles["qd"], kd, tiles["kr"], v, tiles["inv"], tiles["mqk"], tiles["dec"], tiles["rk"], o, initial_state,
-            ht,
+            tiles["qd"], kd, tiles["kr"], v, tiles["inv"], tiles["mqk"], tiles["dec"], o, initial_state, ht,
             None if varlen is None else varlen.cu_seqlens, None if varlen is None else varlen.chunk_offsets, T, NT,
             HV=HV, K=K, BK=next_pow2(K), V=V, BV=BV, IS_VARLEN=varlen is not None, USE_H0=initial_state is not None,
-            STORE_HT=output_final_state, NORM_K=tiles["rk"] is not None, PREC=_precision(kd.dtype), hooks=on_launch)
+            STORE_HT=output_final_state, PREC=_precision(kd.dtype), hooks=on_launch)
     return o, ht
 
 

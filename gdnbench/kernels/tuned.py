@@ -72,30 +72,12 @@ def variant_of(kernel: str, route: str, family: str = "gdn") -> str:
     # FUSE_Q / NORM_Q under both fused routes, FUSE_K / NORM_K under fused_qk (aqk's: the bound on raw k)
     if kernel in ("fused_out", "kda16_prep", "aqk"):
         return route if route.startswith("fused") else "plain"
-    if kernel == "kda16_loop":  # NORM_K under fused_qk (k's rows raw, their rstd per row; see run_variant)
-        return "fuse_k" if route == "fused_qk" else "plain"
     if kernel in ONE_PASS_KERNELS + ("kda_state_out",) and route.startswith("fused"):
         return "fused_q"  # FUSE_Q: q raw (under fused_qk, k's rstd rides on w, u and v_new; KDA's on kg and Aqk)
     fuse_k = ("gram", "wu") if family == "gdn" else ("kda_intra", "wu")
     if kernel in fuse_k and route == "fused_qk":
         return "fuse_k"
     return "plain"
-
-
-def run_variant(kernel: str, route: str, shape, points: dict) -> str:
-    """:func:`variant_of` as a run looks it up, ``points`` the configs found so far for the route's earlier
-    kernels: fused_qk's kda16_loop applies k's rstd (``fuse_k``) only where kda16_prep takes K in one step and keeps
-    k's rows raw; with K in steps the rows are normalized on load and the plain loop runs (ops.kda16_prepare)."""
-    variant = variant_of(kernel, route, shape.family)
-    if kernel == "kda16_loop" and variant == "fuse_k":
-        from .config import default_config, kda16_in_steps
-
-        prep = points.get("kda16_prep")
-        c = kernel_config("kda16_prep", prep) if prep else default_config(
-            shape.K, shape.V, dtype_bytes(shape.dtype), shape.family).kda16_prep
-        if kda16_in_steps(c, shape.K):
-            return "plain"
-    return variant
 
 
 def read_dirs(cache_dir=None) -> list[Path]:
@@ -228,7 +210,7 @@ def tuned_config(shape, route: str, env: dict | None, cache_dir: Path | None = N
         return cfg, "default"
     changed = {}
     for kernel in ROUTE_KERNELS[shape.family][route]:
-        e = find_entry(cache_dir, env, kernel, shape, run_variant(kernel, route, shape, changed))
+        e = find_entry(cache_dir, env, kernel, shape, variant_of(kernel, route, shape.family))
         point = winner(e) if e else None
         if point is not None:
             changed[kernel] = point
@@ -247,15 +229,15 @@ def tuned_config(shape, route: str, env: dict | None, cache_dir: Path | None = N
 def _best_times(shape, route: str, env: dict, cache_dir, kernels) -> tuple[dict, str | None]:
     """({kernel: its current entry's best time_us} for ``kernels`` on this shape key and route, the first
     kernel without one or None)."""
-    times, points = {}, {}
+    times = {}
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", StaleEntry)  # tuned_config reports stale entries once
         for kernel in kernels:
-            e = find_entry(cache_dir, env, kernel, shape, run_variant(kernel, route, shape, points)) or {}
+            e = find_entry(cache_dir, env, kernel, shape, variant_of(kernel, route, shape.family)) or {}
             t = (e.get("best") or {}).get("time_us")
             if t is None:
                 return times, kernel
-            times[kernel], points[kernel] = t, e["best"].get("config")
+            times[kernel] = t
     return times, None
 
 
