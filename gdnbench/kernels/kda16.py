@@ -151,7 +151,8 @@ def _prep_normed_steps(p_q, p_k, g, beta, qd, kd, kr, inv, mqk, dec, t0, n, i_hv
                        TF32_GRAMS: tl.constexpr, MMA_SUMS: tl.constexpr):
     """NORM_K with K in steps, where k_r is stored a step at a time: the rows' rstd first (_rstd), then the steps
     on rows normalized as they load.  A call, the form searched on the H200 (fused_qk at BK 64: 534.9 us at
-    h96_fixed against flag's 567.2)."""
+    h96_fixed against flag's 567.2); a noinline call takes scalars only (Triton 3.6), so q's rstd, the rows and
+    beta are formed here, not passed (the caller's go unused on this path)."""
     rows = tl.arange(0, 16)
     valid = rows < n
     r_q = tl.full([16], 1.0, tl.float32) * scale
