@@ -30,24 +30,24 @@ from .state import _sequence_span
 
 @triton.jit
 def _rstd(ptr, rows, valid, stride, K: tl.constexpr, BK: tl.constexpr, BKS: tl.constexpr, MMA: tl.constexpr):
-    """1 / sqrt(sum x^2 + 1e-6) of the rows of a [16, K] head slice, K in steps of BKS columns (in one step the
-    prepare kernel takes the sums from its own load): the squares' row sums, or (MMA, 16-bit x) the diagonal of
-    x x^T on the tensor cores (16-bit products are exact in fp32).  Offline (sm_90, one warp, tf32_grams, BK 64)
-    MMA takes fewer instructions and more registers: the prepare kernel's common path (to its first EXIT) 3751 SASS
-    instructions at 255 registers and 16 B of stack under fused_q against 3900 at 210 (flag 3719 at 202), and under
-    fused_qk 4104 in all at 255 and 48 B against 4184 at 254.  Which wins is the search's
-    (``KernelConfig.mma_sums``)."""
+    """1 / sqrt(sum x^2 + 1e-6) of the rows of a [16, K] head slice, BKS columns a step: the squares' row sums, or
+    (MMA, 16-bit x, in steps) the diagonal of x x^T on the tensor cores (16-bit products are exact in fp32).
+    Offline (sm_90, one warp, tf32_grams, BK 64) MMA takes fewer instructions and more registers: the prepare
+    kernel's common path (to its first EXIT) 3751 SASS instructions at 255 registers and 16 B of stack under fused_q
+    against 3900 at 210 (flag 3719 at 202), and under fused_qk, whose rows are normalized on load where K comes in
+    steps, 4104 in all at 255 and 48 B against 4184 at 254; in one step it left 840 B of stack against the row sums' 232, so there
+    the row sums stay.  Which wins is the search's (``KernelConfig.mma_sums``)."""
     xx = tl.zeros([16, 16], dtype=tl.float32)
     sq = tl.zeros([16, BKS], dtype=tl.float32)  # the squares summed over the steps, then over the row once
     for k0 in tl.static_range(0, BK, BKS):
         o_k = k0 + tl.arange(0, BKS)
         x = tl.load(ptr + rows[:, None] * stride + o_k[None, :], mask=valid[:, None] & (o_k < K)[None, :],
                     other=0.0)
-        if not MMA or x.dtype == tl.float32:
+        if not MMA or x.dtype == tl.float32 or BKS == BK:
             sq += x.to(tl.float32) * x.to(tl.float32)
         else:
             xx = tl.dot(x, tl.trans(x), xx)
-    if MMA and ptr.dtype.element_ty != tl.float32:
+    if MMA and ptr.dtype.element_ty != tl.float32 and BKS < BK:
         ssq = tl.sum(tl.where(rows[:, None] == rows[None, :], xx, 0.0), 1)
     else:
         ssq = tl.sum(sq, 1)
@@ -174,9 +174,10 @@ def kda16_prep_kernel(q, k, g, beta, qd, kd, kr, inv, mqk, dec, cu_seqlens, chun
     [chunks*4, HV, K] fp32 (2^c_last).  The grams take fp32 operands (fp32's exponent range holds k 2^-c; a
     16-bit k would not in fp16), as tf32x3 products or (TF32_GRAMS) one tf32 product of rounded operands.
     BKS of the K channels a step (``KernelConfig.BK``; the gate's cumsum runs per channel, the grams accumulate
-    over the steps).  NORM_Q: in one step q's rstd comes from the step's own load and scales M's rows after the
-    product (the product does not wait on the row sums); in K steps the row sums come first, in steps of their own
-    (MMA_SUMS: on the tensor cores); either way it rides on q_d's scale.  NORM_K: k's rows normalized as they load,
+    over the steps).  NORM_Q: q's row sums come first, in steps of their own (MMA_SUMS: on the tensor cores), and
+    its rstd rides on q_d's scale; under NORM_K in one step the rstd comes from the step's own load and scales M's
+    rows after the product (on the H200, the prepare op alone at h96_fixed, that form took fused_q 556.7 us against
+    524.0 for the sums first; fused_qk in it 535.7).  NORM_K: k's rows normalized as they load,
     before the gates touch them (k 2^-c cannot overflow, and the loop needs no rstd), their sums in one step from
     the step's own load (ROW_K), in K steps first (_prep_normed_steps).  In one step (offline, sm_90, one warp,
     tf32_grams, T 8192) fused_q compiles to 3920 SASS instructions at 112 B of stack and fused_qk to 4112 at 72 B,
@@ -196,7 +197,7 @@ def kda16_prep_kernel(q, k, g, beta, qd, kd, kr, inv, mqk, dec, cu_seqlens, chun
     p_q = q + t0 * (H * K) + i_h * K
     p_k = k + t0 * (H * K) + i_h * K
     r_q = tl.full([16], 1.0, tl.float32) * scale  # q_d's row scale: the attention scale, times q's rstd
-    if NORM_Q and BKS < BK:  # in one step q's rstd comes from the step's own load (_tile_steps, ROW_Q)
+    if NORM_Q and (BKS < BK or not NORM_K):  # fused_qk's one step: from the step's own load (_tile_steps, ROW_Q)
         r_q = r_q * _rstd(p_q, rows, valid, H * K, K, BK, BKS, MMA_SUMS)
     b_beta = _tile_beta(beta, t0, n, i_hv, HV)
     slot = (i_g * 4 + i_s) * HV + i_hv
@@ -205,7 +206,7 @@ def kda16_prep_kernel(q, k, g, beta, qd, kd, kr, inv, mqk, dec, cu_seqlens, chun
                            NORM_Q, TF32_GRAMS, MMA_SUMS)
     else:
         a_l, a_m = _tile_steps(p_q, p_k, g, qd, kd, kr, dec, t0, n, rows, valid, i_hv, slot, r_q, r_q, H, HV, K, BK,
-                               BKS, False, TF32_GRAMS, NORM_Q and BKS == BK, NORM_K)
+                               BKS, False, TF32_GRAMS, NORM_Q and NORM_K and BKS == BK, NORM_K)
         _solve_store(a_l, a_m, b_beta, inv, mqk, slot, rows)
 
 
