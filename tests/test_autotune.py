@@ -655,6 +655,26 @@ def test_stale_source_hash_is_ignored_with_a_warning(tmp_path):
     assert rows[0]["stale"] is True
 
 
+def test_stale_kernels_names_the_kernels_that_run_untuned(tmp_path, monkeypatch):
+    from gdnbench.backends import gdnbench as gb
+
+    shape = _shape()
+    tuned.save_entry(tmp_path, _entry(shape, source_hash="sha256:old"))
+    assert tuned.stale_kernels(shape, "flag", ENV, tmp_path) == ["state[plain]"]
+    assert tuned.stale_kernels(shape, "flag", None, tmp_path) == []  # no machine, nothing looked up
+    monkeypatch.setenv(tuned.DISABLE_ENV, "0")
+    assert tuned.stale_kernels(shape, "flag", ENV, tmp_path) == []  # the cache is off: nothing was ignored
+    monkeypatch.delenv(tuned.DISABLE_ENV)
+    tuned.save_entry(tmp_path, _entry(shape))  # the search again: a current entry replaces the stale one
+    assert tuned.stale_kernels(shape, "flag", ENV, tmp_path) == []
+    # the row's config says so
+    monkeypatch.setattr(tuned, "stale_kernels", lambda *a: ["kda16_prep[plain]", "state[plain]"])
+    assert gb._with_stale(shape, "flag", ENV, "tuned: x") == (
+        "tuned: x; stale tuned entries ignored: kda16_prep[plain], state[plain]")
+    monkeypatch.setattr(tuned, "stale_kernels", lambda *a: [])
+    assert gb._with_stale(shape, "flag", ENV, "tuned: x") == "tuned: x"
+
+
 def test_winner_equal_to_default_keeps_default(tmp_path):
     shape = _shape()
     e = _entry(shape)

@@ -65,7 +65,8 @@ class GdnbenchBackend(Backend):
                 cfg, label = tuned_config(shape, route, env)
             cfg, label = _pin_path(shape, route, cfg if label != "default" else None, label)
             cfg, label = _kda_forms(shape, route, env, cfg, label)
-            self._resolved[key] = _in_loop(shape, route, env, cfg, label)
+            cfg, label = _in_loop(shape, route, env, cfg, label)
+            self._resolved[key] = cfg, _with_stale(shape, route, env, label)
         return self._resolved[key]
 
     def config_label(self, shape, route, device):
@@ -106,6 +107,15 @@ class GdnbenchDefaultBackend(GdnbenchBackend):
 
     def _config(self, shape, route, device):
         return _pin_path(shape, route, None, "default")
+
+
+def _with_stale(shape, route: str, env, label: str) -> str:
+    """``label`` naming the kernels whose tuned entries no longer match their code (kernels/tuned.py,
+    ``stale_kernels``): they ran untuned."""
+    from ..kernels.tuned import stale_kernels
+
+    stale = stale_kernels(shape, route, env)
+    return f"{label}; stale tuned entries ignored: {', '.join(stale)}" if stale else label
 
 
 def _in_loop(shape, route: str, env, cfg, label: str):

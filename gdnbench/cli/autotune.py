@@ -254,7 +254,8 @@ def register(app: typer.Typer) -> None:
                                    "other variants, then other shapes of the family)."),
         only: Optional[list[str]] = typer.Option(None, "--only", help="Comma-separated dimensions to search "
                                                   "alone (e.g. maxnreg); the others stay at the first seed: with "
-                                                  "--retune, the search's cached winner."),
+                                                  "--retune, the search's cached winner, its register cap "
+                                                  "included (search maxnreg beside BK and the like)."),
         report: bool = typer.Option(False, "--report", help="Print the cache's default vs tuned table (with "
                                     "--kernels, only theirs); tune nothing."),
         plot: Optional[Path] = typer.Option(None, "--plot", help="With --report: write a time-vs-maxnreg chart "

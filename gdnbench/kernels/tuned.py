@@ -152,24 +152,46 @@ def save_entry(cache_dir: Path | None, entry: dict) -> Path:
         return write_atomic(doc, path)
 
 
-def find_entry(cache_dir, env: dict, kernel: str, shape, variant: str) -> dict | None:
-    """The matching entry of the first root (read_dirs) holding one, or None. When none matches,
-    entries for this GPU and shape whose source hash or Triton version differ are reported with a
-    StaleEntry warning."""
+def _lookup(cache_dir, env: dict, kernel: str, shape, variant: str) -> tuple[dict | None, list[str]]:
+    """(the matching entry of the first root holding one, or None; what differs in this GPU's and shape's
+    entries that no longer match: 'source hash', 'Triton version')."""
     want = CacheKey.of(env, kernel, shape, variant)
     stale = []
     for root in read_dirs(cache_dir):
         for e in load_entries(cache_path(root, want.machine.gpu or "unknown", kernel)):
             key = CacheKey.from_dict(e.get("key", {}))
             if key == want:
-                return e
+                return e, []
             what = want.stale_part(key)
             if what is not None:
                 stale.append(what)
-    for what in dict.fromkeys(stale):
-        warnings.warn(f"tuned {kernel} [{variant}] for {want.shape_key} ignored: kernel {what} changed "
+    return None, list(dict.fromkeys(stale))
+
+
+def find_entry(cache_dir, env: dict, kernel: str, shape, variant: str) -> dict | None:
+    """The matching entry of the first root (read_dirs) holding one, or None. When none matches,
+    entries for this GPU and shape whose source hash or Triton version differ are reported with a
+    StaleEntry warning."""
+    e, stale = _lookup(cache_dir, env, kernel, shape, variant)
+    for what in stale:
+        warnings.warn(f"tuned {kernel} [{variant}] for {shape_key(shape)} ignored: kernel {what} changed "
                       f"since it was tuned; re-run gdnbench autotune", StaleEntry, stacklevel=2)
-    return None
+    return e
+
+
+def stale_kernels(shape, route: str, env: dict | None, cache_dir: Path | None = None) -> list[str]:
+    """'kernel[variant]' for each kernel ``route`` may run whose only entries for this GPU and shape no longer
+    match its code or Triton: the run ignores them and that kernel runs untuned, so a row names them (stale
+    kda16_prep entries once took KDA's flag forward at h96_fixed from 1392 to 2181 us, the log silent)."""
+    if env is None or os.environ.get(DISABLE_ENV, "1") == "0":
+        return []
+    out = []
+    for kernel in ROUTE_KERNELS[shape.family][route]:
+        variant = variant_of(kernel, route, shape.family)
+        e, stale = _lookup(cache_dir, env, kernel, shape, variant)
+        if e is None and stale:
+            out.append(f"{kernel}[{variant}]")
+    return out
 
 
 def point_label(point: dict) -> str:
