@@ -29,6 +29,17 @@ def test_shipped_winners_keep_their_on_disk_key():
             assert ck.ShapeKey.parse(key.shape_key).text == key.shape_key
 
 
+def test_every_shipped_winner_matches_its_kernel_source():
+    """A kernel edit makes the entries of the kernels it reaches stale, and gdnbench run ignores them: carry them
+    with ``python -m gdnbench.autotune.rekey`` or search again (stale kda16_prep entries once took KDA's flag
+    forward at h96_fixed from 1392 to 2181 us)."""
+    stale = [f"{path.parent.name}/{e['kernel']} [{e['key']['variant']}] {e['key']['shape_key']}"
+             for path in sorted(SHIPPED_TUNED_DIR.glob("*/*.json"))
+             for e in json.loads(path.read_text())["entries"]
+             if e["key"]["source_hash"] != ck.source_hash(e["kernel"])]
+    assert not stale, stale
+
+
 def test_a_key_tells_an_older_entry_of_the_same_search_from_another_search():
     s = shp.load("gdn-qwen6").shapes[0]
     want = ck.CacheKey.of(ENV, "state", s, "plain")
