@@ -152,7 +152,7 @@ def _prep_normed_steps(p_q, p_k, g, beta, qd, kd, kr, inv, mqk, dec, t0, n, i_hv
     """NORM_K with K in steps, where k_r is stored a step at a time: the rows' rstd first (_rstd), then the steps
     on rows normalized as they load.  A call, the form searched on the H200 (fused_qk at BK 64: 534.9 us at
     h96_fixed against flag's 567.2); a noinline call takes scalars only (Triton 3.6), so q's rstd, the rows and
-    beta are formed here, not passed (the caller's go unused on this path)."""
+    beta are formed here, not passed (the caller's beta goes unused on this path)."""
     rows = tl.arange(0, 16)
     valid = rows < n
     r_q = tl.full([16], 1.0, tl.float32) * scale
@@ -197,7 +197,7 @@ def kda16_prep_kernel(q, k, g, beta, qd, kd, kr, inv, mqk, dec, cu_seqlens, chun
     p_q = q + t0 * (H * K) + i_h * K
     p_k = k + t0 * (H * K) + i_h * K
     r_q = tl.full([16], 1.0, tl.float32) * scale  # q_d's row scale: the attention scale, times q's rstd
-    if NORM_Q and (BKS < BK or not NORM_K):  # fused_qk's one step: from the step's own load (_tile_steps, ROW_Q)
+    if NORM_Q and not NORM_K:  # fused_qk forms it from the step's own load (ROW_Q) or in _prep_normed_steps
         r_q = r_q * _rstd(p_q, rows, valid, H * K, K, BK, BKS, MMA_SUMS)
     b_beta = _tile_beta(beta, t0, n, i_hv, HV)
     slot = (i_g * 4 + i_s) * HV + i_hv
