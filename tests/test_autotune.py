@@ -594,6 +594,14 @@ def test_kda_one_pass_choice_times_it_against_state_and_output(tmp_path, monkeyp
     assert gb._kda_forms(shape, "flag", ENV, base, "x") == (
         dataclasses.replace(base, one_pass=True, kda_chunk16=True),
         "x; one pass (kda_state_out 1.0 us vs state + output 2.0 us); 16-token tiles (why)")
+    # a form not taken whose kernels the label lists as tuned: those entries did not run, and the label says so
+    monkeypatch.setattr(tuned, "kda_one_pass_choice", lambda *a: (False, ""))
+    monkeypatch.setattr(tuned, "kda16_choice", lambda *a: (False, "no tuned kda16_loop"))
+    label = "tuned: wu[w=4], kda16_prep[BK=32]"
+    assert gb._kda_forms(shape, "flag", ENV, base, label) == (
+        base, label + "; 16-token tiles not taken (no tuned kda16_loop): its entries unused")
+    assert gb._kda_forms(shape, "flag", ENV, base, "tuned: wu[w=4]") == (base, "tuned: wu[w=4]")
+    assert gb._not_taken("tuned: kda_state_out[w=4]", ("state",), "x", "why") == "tuned: kda_state_out[w=4]"
 
 
 def test_kda16_choice_times_its_two_kernels_against_the_ones_they_replace(tmp_path):

@@ -8,6 +8,8 @@ On the CPU the kernels run under TRITON_INTERPRET=1 (the worker sets it for --de
 
 from __future__ import annotations
 
+import re
+
 from .base import YES, Backend, no, one_line
 
 
@@ -129,13 +131,21 @@ def _in_loop(shape, route: str, env, cfg, label: str):
 
     form, why = in_loop_choice(shape, route, env)
     if form is None:
-        return cfg, label
+        return cfg, _not_taken(label, ("fused_out",), "in-loop form", why)
     return dataclasses.replace(cfg, in_loop=form), f"{label}, in loop: {form} ({why})"
 
 
 # KDA's forms the autotuner may time faster than the kernels they replace: (choice in kernels/tuned.py, the
-# GDNConfig field it sets, what the label says)
-_KDA_FORMS = (("kda_one_pass_choice", "one_pass", "one pass"), ("kda16_choice", "kda_chunk16", "16-token tiles"))
+# GDNConfig field it sets, what the label says, the kernels only that form runs)
+_KDA_FORMS = (("kda_one_pass_choice", "one_pass", "one pass", ("kda_state_out",)),
+              ("kda16_choice", "kda_chunk16", "16-token tiles", ("kda16_prep", "kda16_loop")))
+
+
+def _not_taken(label: str, kernels, what: str, why: str) -> str:
+    """``label`` saying that a form it lists tuned kernels of was not taken, so those entries did not run (an
+    H100 with a tuned kda16_prep but no kda16_loop had read 'tuned: kda16_prep[...]' over five default kernels)."""
+    listed = any(re.search(rf"(?:^tuned: |, ){k}\[", label) for k in kernels)
+    return f"{label}; {what} not taken ({why}): its entries unused" if listed and why else label
 
 
 def _kda_forms(shape, route: str, env, cfg, label: str):
@@ -148,10 +158,12 @@ def _kda_forms(shape, route: str, env, cfg, label: str):
 
     from ..kernels import tuned
 
-    for choice, field, what in _KDA_FORMS:
+    for choice, field, what, own in _KDA_FORMS:
         take, why = getattr(tuned, choice)(shape, route, env)
         if take:
             cfg, label = dataclasses.replace(cfg, **{field: True}), f"{label}; {what} ({why})"
+        else:
+            label = _not_taken(label, own, what, why)
     return cfg, label
 
 
