@@ -8,8 +8,6 @@ On the CPU the kernels run under TRITON_INTERPRET=1 (the worker sets it for --de
 
 from __future__ import annotations
 
-import re
-
 from .base import YES, Backend, no, one_line
 
 
@@ -144,7 +142,9 @@ _KDA_FORMS = (("kda_one_pass_choice", "one_pass", "one pass", ("kda_state_out",)
 def _not_taken(label: str, kernels, what: str, why: str) -> str:
     """``label`` saying that a form it lists tuned kernels of was not taken, so those entries did not run (an
     H100 with a tuned kda16_prep but no kda16_loop had read 'tuned: kda16_prep[...]' over five default kernels)."""
-    listed = any(re.search(rf"(?:^tuned: |, ){k}\[", label) for k in kernels)
+    from ..kernels.tuned import label_lists
+
+    listed = any(label_lists(label, k) for k in kernels)
     return f"{label}; {what} not taken ({why}): its entries unused" if listed and why else label
 
 

@@ -23,6 +23,7 @@ import dataclasses
 import functools
 import json
 import os
+import re
 import warnings
 from pathlib import Path
 
@@ -55,6 +56,7 @@ ROUTE_KERNELS = {"gdn": _GDN_ROUTES,
                          + ("kda_state_out",) + KDA16_KERNELS for r, ks in _GDN_ROUTES.items()}}
 # the route a (kernel, variant) is measured under
 MEASURE_ROUTE = {"plain": "flag", "fuse_k": "fused_qk", "fused_q": "fused_q", "fused_qk": "fused_qk"}
+TUNED_PREFIX = "tuned: "  # tuned_config's description: TUNED_PREFIX + "kernel[config], ..."
 DISABLE_ENV = "GDNBENCH_TUNED"  # GDNBENCH_TUNED=0: `gdnbench run` ignores the cache
 
 
@@ -245,7 +247,12 @@ def tuned_config(shape, route: str, env: dict | None, cache_dir: Path | None = N
         warnings.warn(f"tuned config for {shape_key(shape)} {route} is invalid ({e}); using the default",
                       StaleEntry, stacklevel=2)
         return cfg, "default"
-    return new, "tuned: " + ", ".join(f"{k}[{point_label(p)}]" for k, p in changed.items())
+    return new, TUNED_PREFIX + ", ".join(f"{k}[{point_label(p)}]" for k, p in changed.items())
+
+
+def label_lists(label: str, kernel: str) -> bool:
+    """Whether a :func:`tuned_config` description names a winner of ``kernel``."""
+    return re.search(rf"(?:^{TUNED_PREFIX}|, ){kernel}\[", label) is not None
 
 
 def _best_times(shape, route: str, env: dict, cache_dir, kernels) -> tuple[dict, str | None]:
