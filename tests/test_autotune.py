@@ -413,6 +413,7 @@ def test_worker_that_cannot_start_is_a_recorded_error():
 
 # ----------------------------------------------------------------------------- cache
 ENV = {"gpu": "NVIDIA H200", "compute_capability": "9.0", "triton": "3.6.0"}
+B200 = {"gpu": "NVIDIA B200", "compute_capability": "10.0", "triton": "3.6.0"}
 
 
 def _entry(shape, kernel="state", variant="plain", best=None, **key):
@@ -474,14 +475,36 @@ def test_tuned_config_uses_matching_entry(tmp_path):
     assert cfg.gram == tuned.tuned_config(shape, "flag", None, tmp_path)[0].gram  # untouched kernels: default
     # fused_qk runs the same (plain) state kernel
     assert tuned.tuned_config(shape, "fused_qk", ENV, tmp_path)[0].state == cfg.state
-    # another GPU, another shape bucket, no env: default
-    assert tuned.tuned_config(shape, "flag", {**ENV, "gpu": "NVIDIA B200"}, tmp_path)[1] == "default"
+    # another architecture, another shape bucket, no env: default
+    assert tuned.tuned_config(shape, "flag", B200, tmp_path)[1] == "default"
     assert tuned.tuned_config(_shape(lens=(32768,)), "flag", ENV, tmp_path)[1] == "default"
     assert tuned.tuned_config(shape, "flag", None, tmp_path)[1] == "default"
     # a second save replaces the entry of the same identity
     tuned.save_entry(tmp_path, _entry(shape, best={"BV": 16, "num_warps": 2, "num_stages": 2, "maxnreg": None}))
     doc = json.loads((tmp_path / "nvidia-h200" / "state.json").read_text())
     assert len(doc["entries"]) == 1 and tuned.tuned_config(shape, "flag", ENV, tmp_path)[0].state.BV == 16
+
+
+def test_a_gpu_without_entries_borrows_those_of_its_architecture(tmp_path, monkeypatch):
+    """An H100 runs the H200's winners where it has none of its own, and says so; its own entries, another
+    architecture's, GDNBENCH_TUNED=own and autotune's lookups (find_entry's default) borrow nothing."""
+    h100 = {**ENV, "gpu": "NVIDIA H100 80GB HBM3"}
+    shape = _shape()
+    tuned.save_entry(tmp_path, _entry(shape))
+    cfg, label = tuned.tuned_config(shape, "flag", h100, tmp_path)
+    assert cfg.state.maxnreg == 128
+    assert label == "tuned: state[BV=64 w=4 s=3 r=128]; tuned on NVIDIA H200 (none here): state"
+    assert tuned.find_entry(tmp_path, h100, "state", shape, "plain") is None
+    assert tuned.find_entry(tmp_path, h100, "state", shape, "plain", True)["borrowed_from"] == "NVIDIA H200"
+    assert tuned.tuned_config(shape, "flag", {**h100, "triton": "3.7.0"}, tmp_path)[1] == "default"
+    monkeypatch.setenv(tuned.DISABLE_ENV, "own")
+    assert tuned.tuned_config(shape, "flag", h100, tmp_path)[1] == "default"
+    assert tuned.tuned_config(shape, "flag", ENV, tmp_path)[0].state.maxnreg == 128
+    monkeypatch.delenv(tuned.DISABLE_ENV)
+    own = _entry(shape, best={"BV": 32, "num_warps": 8, "num_stages": 2, "maxnreg": None})
+    own["key"].update(gpu=h100["gpu"])
+    tuned.save_entry(tmp_path, own)
+    assert tuned.tuned_config(shape, "flag", h100, tmp_path)[1] == "tuned: state[BV=32 w=8 s=2 r=none]"
 
 
 def _saver(tmp_path, shape):
@@ -513,7 +536,7 @@ def test_in_loop_choice_times_the_loop_against_the_pair_it_replaces(tmp_path):
     save("fused_out", 360.0)
     assert tuned.in_loop_choice(shape, "flag", ENV, tmp_path)[0] is None
     assert tuned.in_loop_choice(shape, "flag", None, tmp_path) == (None, "")
-    assert tuned.in_loop_choice(shape, "flag", {**ENV, "gpu": "NVIDIA B200"}, tmp_path)[0] is None
+    assert tuned.in_loop_choice(shape, "flag", B200, tmp_path)[0] is None
     assert tuned.in_loop_choice(_kda_shape(), "flag", ENV, tmp_path) == (None, "")
 
 

@@ -7,7 +7,9 @@ only --cache-dir when given. Same keys in both: a shipped entry is used exactly 
 An entry holds one search of one kernel on one shape key; it is used only where its whole key
 (gdnbench.kernels.cache_key: machine, Triton, kernel source hash, shape key, variant) matches the
 machine and the code. An entry whose source hash or Triton version no longer matches is ignored
-with a warning (a new ``gdnbench autotune`` replaces it). ``variant``: which specialization of the
+with a warning (a new ``gdnbench autotune`` replaces it). Where this GPU has no entry of a key, `gdnbench run`
+borrows that key's entry from another GPU of the same compute capability (an H100 takes the shipped H200
+winners) and its rows say so; autotune never borrows. ``variant``: which specialization of the
 kernel ran (``plain``; ``fuse_k`` for the k-norm folded into gram/kda_intra/wu under fused_qk (the
 state kernel runs plain: GDN's v_new carries k's rstd, KDA's kg does); ``fused_q`` / ``fused_qk`` for
 output_fused and for aqk, fused_out and kda16_prep under those routes; ``fused_q`` for state_out and
@@ -57,7 +59,13 @@ ROUTE_KERNELS = {"gdn": _GDN_ROUTES,
 # the route a (kernel, variant) is measured under
 MEASURE_ROUTE = {"plain": "flag", "fuse_k": "fused_qk", "fused_q": "fused_q", "fused_qk": "fused_qk"}
 TUNED_PREFIX = "tuned: "  # tuned_config's description: TUNED_PREFIX + "kernel[config], ..."
-DISABLE_ENV = "GDNBENCH_TUNED"  # GDNBENCH_TUNED=0: `gdnbench run` ignores the cache
+# GDNBENCH_TUNED=0: `gdnbench run` ignores the cache; =own: it takes this GPU's entries only, borrowing none
+DISABLE_ENV = "GDNBENCH_TUNED"
+# an entry found for another GPU of the same compute capability (find_entry's borrow) carries that GPU's name
+# under this field.  The shipped winners are the H200's; on an H100 80GB HBM3 (sm_90 too, no entries of its own)
+# they took KDA's forward at h96_fixed from 2953 to 1568 us and GDN's at h16_hv32_fixed32k from 1717 to 1110
+# (explicit route, against the built-in defaults; README, "H100")
+BORROWED_FROM = "borrowed_from"
 
 
 class StaleEntry(UserWarning):
@@ -170,14 +178,36 @@ def _lookup(cache_dir, env: dict, kernel: str, shape, variant: str) -> tuple[dic
     return None, list(dict.fromkeys(stale))
 
 
-def find_entry(cache_dir, env: dict, kernel: str, shape, variant: str) -> dict | None:
+def _borrowed(cache_dir, want: CacheKey, kernel: str) -> dict | None:
+    """``want``'s entry as tuned on another GPU of the same compute capability and Triton (the first root
+    holding one, GPU folders in name order), marked with BORROWED_FROM: that GPU's name."""
+    for root in read_dirs(cache_dir):
+        for path in sorted(Path(root).glob(f"*/{kernel}.json")):
+            for e in load_entries(path):
+                key = CacheKey.from_dict(e.get("key", {}))
+                gpu = key.machine.gpu
+                if gpu != want.machine.gpu and key == dataclasses.replace(
+                        want, machine=dataclasses.replace(want.machine, gpu=gpu)):
+                    return {**e, BORROWED_FROM: gpu}
+    return None
+
+
+def borrowing() -> bool:
+    """Whether a lookup for `gdnbench run` may borrow another GPU's entries (not under GDNBENCH_TUNED=own)."""
+    return os.environ.get(DISABLE_ENV, "1") != "own"
+
+
+def find_entry(cache_dir, env: dict, kernel: str, shape, variant: str, borrow: bool = False) -> dict | None:
     """The matching entry of the first root (read_dirs) holding one, or None. When none matches,
     entries for this GPU and shape whose source hash or Triton version differ are reported with a
-    StaleEntry warning."""
+    StaleEntry warning, and with ``borrow`` the same key tuned on another GPU of the same compute capability
+    is taken (:func:`_borrowed`; autotune's own lookups never borrow: a search there is this GPU's)."""
     e, stale = _lookup(cache_dir, env, kernel, shape, variant)
     for what in stale:
         warnings.warn(f"tuned {kernel} [{variant}] for {shape_key(shape)} ignored: kernel {what} changed "
                       f"since it was tuned; re-run gdnbench autotune", StaleEntry, stacklevel=2)
+    if e is None and borrow:
+        e = _borrowed(cache_dir, CacheKey.of(env, kernel, shape, variant), kernel)
     return e
 
 
@@ -224,20 +254,23 @@ def tuned_config(shape, route: str, env: dict | None, cache_dir: Path | None = N
     with each stage kernel the family runs replaced by its tuned winner where a matching cache
     entry exists (the shape key carries the family, so only that family's entries match).
 
-    The description is 'default' or 'tuned: kernel[config], ...'. Without a device identity
-    (CPU) or with GDNBENCH_TUNED=0 it is always the default."""
+    The description is 'default' or 'tuned: kernel[config], ...', ending with '; tuned on GPU (none here):
+    kernel, ...' for winners borrowed from another GPU (find_entry). Without a device identity (CPU) or with
+    GDNBENCH_TUNED=0 it is always the default."""
     from .config import default_config, validate
 
     elt = dtype_bytes(shape.dtype)
     cfg = default_config(shape.K, shape.V, elt, shape.family)
     if env is None or os.environ.get(DISABLE_ENV, "1") == "0":
         return cfg, "default"
-    changed = {}
+    changed, lent = {}, {}
     for kernel in ROUTE_KERNELS[shape.family][route]:
-        e = find_entry(cache_dir, env, kernel, shape, variant_of(kernel, route, shape.family))
+        e = find_entry(cache_dir, env, kernel, shape, variant_of(kernel, route, shape.family), borrowing())
         point = winner(e) if e else None
         if point is not None:
             changed[kernel] = point
+            if BORROWED_FROM in e:
+                lent.setdefault(e[BORROWED_FROM], []).append(kernel)
     if not changed:
         return cfg, "default"
     try:
@@ -247,7 +280,8 @@ def tuned_config(shape, route: str, env: dict | None, cache_dir: Path | None = N
         warnings.warn(f"tuned config for {shape_key(shape)} {route} is invalid ({e}); using the default",
                       StaleEntry, stacklevel=2)
         return cfg, "default"
-    return new, TUNED_PREFIX + ", ".join(f"{k}[{point_label(p)}]" for k, p in changed.items())
+    label = TUNED_PREFIX + ", ".join(f"{k}[{point_label(p)}]" for k, p in changed.items())
+    return new, label + "".join(f"; tuned on {gpu} (none here): {', '.join(ks)}" for gpu, ks in lent.items())
 
 
 def label_lists(label: str, kernel: str) -> bool:
@@ -262,7 +296,7 @@ def _best_times(shape, route: str, env: dict, cache_dir, kernels) -> tuple[dict,
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", StaleEntry)  # tuned_config reports stale entries once
         for kernel in kernels:
-            e = find_entry(cache_dir, env, kernel, shape, variant_of(kernel, route, shape.family)) or {}
+            e = find_entry(cache_dir, env, kernel, shape, variant_of(kernel, route, shape.family), borrowing()) or {}
             t = (e.get("best") or {}).get("time_us")
             if t is None:
                 return times, kernel
