@@ -291,6 +291,13 @@ def test_seed_points_come_from_current_entries_of_the_same_kernel_and_family(tmp
     # its current winner (a --retune) before that
     save(a, "fuse_k", p5)
     assert at_search.seed_points(tmp_path, env, task, a)[0] == p5
+    # then the same search's winner on another GPU of the same architecture (what a run borrows); another's is not
+    p4 = {"BK": 64, "num_warps": 2, "num_stages": 1, "maxnreg": 200}
+    p6 = {"BK": 32, "num_warps": 4, "num_stages": 1, "maxnreg": 96}
+    for gpu, cc, cfg in (("Sibling GPU", "9.0", p4), ("Other arch", "10.0", p6)):
+        key = {**cache_key.entry_key(env, "gram", a, "fuse_k"), "gpu": gpu, "compute_capability": cc}
+        tuned.save_entry(tmp_path, {"key": key, "kernel": "gram", "best": {"config": cfg, "time_us": 1.0}})
+    assert at_search.seed_points(tmp_path, env, task, a) == [p5, p4, p1, p2]
     # the output kernels seed each other
     p3 = {"BK": 128, "BV": 128, "num_warps": 4, "num_stages": 2, "maxnreg": None}
     save(a, "plain", p3, family_kernel="output")

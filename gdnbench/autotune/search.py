@@ -210,8 +210,9 @@ def seed_points(cache_dir: Path, env: dict, task: Task, shape, limit: int = MAX_
     SEED_KERNELS partner) for shapes of the same family, head sizes and dtype: this very search's
     winner first (a --retune starts where the last search ended, so a short budget cannot end it on a slower
     point: H200, fused_out fused_qk at h16_hv32_fixed8k, 30 s without it: 236.1 us against the entry's 214.1),
-    then its winner on older code (an edit made it stale), then this shape's other variants, then other
-    shapes, then the kernel's START_POINTS. The pool compiles them with the default in one batch, so they cost
+    then its winner on older code (an edit made it stale), then its winner on another GPU of the same compute
+    capability (what `gdnbench run` borrows there, so a search ends no slower on this GPU), then this shape's
+    other variants, then other shapes, then the kernel's START_POINTS. The pool compiles them with the default in one batch, so they cost
     one compile wave."""
     want = CacheKey.of(env, task.kernel, shape, task.variant)
     heads = ShapeKey.of(shape)
@@ -233,8 +234,10 @@ def seed_points(cache_dir: Path, env: dict, task: Task, shape, limit: int = MAX_
         if not fresh or not heads.same_heads(ShapeKey.parse(key.shape_key)):
             continue
         (same if key.shape_key == want.shape_key else other).append(e["best"]["config"])
+    lent = tuned.borrowed_entry(cache_dir, want, task.kernel)
+    borrowed = [lent["best"]["config"]] if has_winner(lent) else []
     out: list[Point] = []
-    for p in current + previous + same + other:
+    for p in current + previous + borrowed + same + other:
         if p not in out:
             out.append(p)
     return out[:limit] + [p for p in START_POINTS.get(task.kernel, ()) if p not in out[:limit]]

@@ -63,8 +63,8 @@ TUNED_PREFIX = "tuned: "  # tuned_config's description: TUNED_PREFIX + "kernel[c
 DISABLE_ENV = "GDNBENCH_TUNED"
 # an entry found for another GPU of the same compute capability (find_entry's borrow) carries that GPU's name
 # under this field.  The shipped winners are the H200's; on an H100 80GB HBM3 (sm_90 too, no entries of its own)
-# they took KDA's forward at h96_fixed from 2953 to 1568 us and GDN's at h16_hv32_fixed32k from 1717 to 1110
-# (explicit route, against the built-in defaults; README, "H100")
+# they took ours to 0.494x the built-in defaults on kda-legacy6 and 0.678x on gdn-qwen6 (gpu geomeans, 24 rows;
+# explicit at h96_fixed 2953 -> 1573 us, at h16_hv32_fixed32k 1725 -> 1113; README, "H100")
 BORROWED_FROM = "borrowed_from"
 
 
@@ -178,7 +178,7 @@ def _lookup(cache_dir, env: dict, kernel: str, shape, variant: str) -> tuple[dic
     return None, list(dict.fromkeys(stale))
 
 
-def _borrowed(cache_dir, want: CacheKey, kernel: str) -> dict | None:
+def borrowed_entry(cache_dir, want: CacheKey, kernel: str) -> dict | None:
     """``want``'s entry as tuned on another GPU of the same compute capability and Triton (the first root
     holding one, GPU folders in name order), marked with BORROWED_FROM: that GPU's name."""
     for root in read_dirs(cache_dir):
@@ -201,13 +201,13 @@ def find_entry(cache_dir, env: dict, kernel: str, shape, variant: str, borrow: b
     """The matching entry of the first root (read_dirs) holding one, or None. When none matches,
     entries for this GPU and shape whose source hash or Triton version differ are reported with a
     StaleEntry warning, and with ``borrow`` the same key tuned on another GPU of the same compute capability
-    is taken (:func:`_borrowed`; autotune's own lookups never borrow: a search there is this GPU's)."""
+    is taken (:func:`borrowed_entry`; autotune's own lookups never borrow: a search there is this GPU's)."""
     e, stale = _lookup(cache_dir, env, kernel, shape, variant)
     for what in stale:
         warnings.warn(f"tuned {kernel} [{variant}] for {shape_key(shape)} ignored: kernel {what} changed "
                       f"since it was tuned; re-run gdnbench autotune", StaleEntry, stacklevel=2)
     if e is None and borrow:
-        e = _borrowed(cache_dir, CacheKey.of(env, kernel, shape, variant), kernel)
+        e = borrowed_entry(cache_dir, CacheKey.of(env, kernel, shape, variant), kernel)
     return e
 
 
