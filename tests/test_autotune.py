@@ -624,14 +624,48 @@ def test_kda_one_pass_choice_times_it_against_state_and_output(tmp_path, monkeyp
     assert gb._kda_forms(shape, "flag", ENV, base, "x") == (
         dataclasses.replace(base, one_pass=True, kda_chunk16=True),
         "x; one pass (kda_state_out 1.0 us vs state + output 2.0 us); 16-token tiles (why)")
-    # a form not taken whose kernels the label lists as tuned: those entries did not run, and the label says so
+    # a form not taken whose kernels have tuned entries: the label says why (the row's lists only what ran)
     monkeypatch.setattr(tuned, "kda_one_pass_choice", lambda *a: (False, ""))
     monkeypatch.setattr(tuned, "kda16_choice", lambda *a: (False, "no tuned kda16_loop"))
     label = "tuned: wu[w=4], kda16_prep[BK=32]"
     assert gb._kda_forms(shape, "flag", ENV, base, label) == (
-        base, label + "; 16-token tiles not taken (no tuned kda16_loop): its entries unused")
+        base, label + "; 16-token tiles not taken (no tuned kda16_loop)")
     assert gb._kda_forms(shape, "flag", ENV, base, "tuned: wu[w=4]") == (base, "tuned: wu[w=4]")
     assert gb._not_taken("tuned: kda_state_out[w=4]", ("state",), "x", "why") == "tuned: kda_state_out[w=4]"
+
+
+def test_a_rows_label_lists_the_winners_of_the_kernels_that_run(tmp_path, monkeypatch):
+    """The 16-token form taken: the row's label lists its two kernels' winners, not those of the kernels it
+    replaced; without it, the five kernels' and not the form's."""
+    import dataclasses
+
+    from gdnbench.backends import gdnbench as gb
+    from gdnbench.kernels import cache_key as ck
+    from gdnbench.kernels.config import default_config
+
+    gpu = {"gpu": "Fake GPU", "compute_capability": "8.0", "triton": "3.6.0"}
+    monkeypatch.setenv("GDNBENCH_CACHE_DIR", str(tmp_path))
+    monkeypatch.setattr(ck, "device_env", lambda: gpu)
+    shape = _kda_shape()
+    base = default_config(128, 128, 2, "kda")
+
+    def save(kernel, t):  # a winner: the default at a register cap of 128
+        e = _entry(shape, kernel=kernel, best={**dataclasses.asdict(getattr(base, kernel)), "maxnreg": 128})
+        e["key"].update(gpu)
+        e["best"]["time_us"] = t
+        tuned.save_entry(tmp_path / "tuned", e)
+
+    for kernel, t in (("kda16_prep", 300.0), ("kda16_loop", 900.0), ("kda_intra", 600.0), ("wu", 380.0),
+                      ("state", 420.0), ("output", 360.0)):
+        save(kernel, t)
+    cfg, label = gb.GdnbenchBackend()._config(shape, "flag", "cuda")
+    assert cfg.kda_chunk16 and label.startswith("tuned: kda16_prep[") and ", kda16_loop[" in label
+    assert "state[" not in label and label.endswith("; 16-token tiles (kda16_prep + kda16_loop 1200.0 us vs "
+                                                   "kda_intra + wu + state + output 1760.0 us)")
+    save("kda16_loop", 2000.0)
+    cfg, label = gb.GdnbenchBackend()._config(shape, "flag", "cuda")
+    assert not cfg.kda_chunk16 and "kda16" not in label.split(";")[0] and label.startswith("tuned: kda_intra[")
+    assert "; 16-token tiles not taken (kda16_prep + kda16_loop 2300.0 us vs" in label
 
 
 def test_kda16_choice_times_its_two_kernels_against_the_ones_they_replace(tmp_path):

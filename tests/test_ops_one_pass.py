@@ -316,3 +316,40 @@ def test_heads_first_is_the_same_kernel(H, HV):
     assert ops._chunk_head_grid(first, ops.GRID_Y_MAX, 4) == ((4, ops.GRID_Y_MAX), True)
     assert ops._chunk_head_grid(first, ops.GRID_Y_MAX + 1, 4) == ((ops.GRID_Y_MAX + 1, 4), False)
     assert ops._chunk_head_grid(KernelConfig(), 3, 4) == ((3, 4), False)
+
+
+# the tuned kernel (kernels/cache_key.KERNEL_FUNCTIONS) of each launched jit function
+_TUNED_OF = {"l2norm_kernel": "l2norm", "gram_solve_kernel": "gram", "kda_cumsum_kernel": "kda_intra",
+             "kda_intra_kernel": "kda_intra", "wu_kernel": "wu", "state_kernel": "state", "output_kernel": "output",
+             "aqk_kernel": "aqk", "state_out_kernel": "state_out", "fused_state_out_kernel": "fused_out",
+             "kda_state_out_kernel": "kda_state_out", "kda16_prep_kernel": "kda16_prep",
+             "kda16_loop_kernel": "kda16_loop"}
+
+
+@pytest.mark.parametrize("route", ["flag", "fused_q", "fused_qk"])
+@pytest.mark.parametrize("family,form", [("gdn", {"one_pass": False}), ("gdn", {"one_pass": True}),
+                                         ("gdn", {"one_pass": True, "in_loop": "wu"}), ("kda", {}),
+                                         ("kda", {"one_pass": True}), ("kda", {"kda_chunk16": True})])
+def test_stage_kernels_names_the_kernels_a_forward_launches(family, form, route):
+    """ops.stage_kernels (what a row's label lists as tuned) against the launches of that forward."""
+    torch.manual_seed(0)
+    T, H, K, V = 64, 1, 16, 16
+    q, k, v = torch.randn(1, T, H, K), torch.randn(1, T, H, K), torch.randn(1, T, H, V)
+    g = -torch.rand(1, T, H, K) if family == "kda" else -torch.rand(1, T, H)
+    beta = torch.rand(1, T, H)
+    cfg = dataclasses.replace(ops.default_config(K, V, 4, family), **form)
+    seen = []
+
+    def on_launch(kernel, compiled):
+        seen.append(_TUNED_OF[getattr(getattr(kernel, "fn", kernel), "__name__", "")])
+
+    if family == "kda":
+        ops.chunk_kda(q, k, v, g, beta, norm=route, lower_bound=-5.0, config=cfg, on_launch=on_launch)
+    else:
+        ops.chunk_gdn(q, k, v, g, beta, norm=route, config=cfg, on_launch=on_launch)
+    fused_out = route.startswith("fused")
+    launched = [("output_fused" if fused_out and n == "output" else n) for n in dict.fromkeys(seen)]
+    assert tuple(launched) == ops.stage_kernels(cfg, family, route)
+    if family == "gdn" and "in_loop" not in form:
+        with pytest.raises(ValueError, match="pin config.one_pass"):
+            ops.stage_kernels(dataclasses.replace(cfg, one_pass=None), family, route)

@@ -56,16 +56,26 @@ class GdnbenchBackend(Backend):
         config that the full shape is timed with, though its token count keys another entry."""
         key = (shape.id, route)
         if key not in self._resolved:
-            cfg, label, env = None, "default", None
+            cfg, listed, env = None, "default", None
             if device == "cuda":
                 from ..kernels.cache_key import device_env
                 from ..kernels.tuned import tuned_config
 
                 env = device_env()
-                cfg, label = tuned_config(shape, route, env)
-            cfg, label = _pin_path(shape, route, cfg if label != "default" else None, label)
+                cfg, listed = tuned_config(shape, route, env)
+            cfg, label = _pin_path(shape, route, cfg if listed != "default" else None, listed)
             cfg, label = _kda_forms(shape, route, env, cfg, label)
             cfg, label = _in_loop(shape, route, env, cfg, label)
+            if listed != "default":  # the forms' notes (appended to it) follow the winners of the kernels that run
+                import warnings
+
+                from ..kernels import ops
+                from ..kernels.tuned import StaleEntry
+
+                with warnings.catch_warnings():
+                    warnings.simplefilter("ignore", StaleEntry)  # said by the first lookup
+                    runs = ops.stage_kernels(cfg, shape.family, route)
+                    label = tuned_config(shape, route, env, runs=runs)[1] + label[len(listed):]
             self._resolved[key] = cfg, _with_stale(shape, route, env, label)
         return self._resolved[key]
 
@@ -140,12 +150,13 @@ _KDA_FORMS = (("kda_one_pass_choice", "one_pass", "one pass", ("kda_state_out",)
 
 
 def _not_taken(label: str, kernels, what: str, why: str) -> str:
-    """``label`` saying that a form it lists tuned kernels of was not taken, so those entries did not run (an
-    H100 with a tuned kda16_prep but no kda16_loop had read 'tuned: kda16_prep[...]' over five default kernels)."""
+    """``label`` saying why a form it lists tuned kernels of was not taken (the row's final label lists only the
+    kernels that ran: an H100 with a tuned kda16_prep but no kda16_loop had read 'tuned: kda16_prep[...]' over
+    five default kernels)."""
     from ..kernels.tuned import label_lists
 
     listed = any(label_lists(label, k) for k in kernels)
-    return f"{label}; {what} not taken ({why}): its entries unused" if listed and why else label
+    return f"{label}; {what} not taken ({why})" if listed and why else label
 
 
 def _kda_forms(shape, route: str, env, cfg, label: str):

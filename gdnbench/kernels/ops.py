@@ -96,6 +96,7 @@ __all__ = [
     "l2norm",
     "one_pass",
     "prepare_varlen",
+    "stage_kernels",
     "recompute_wu",
     "state_output",
     "state_output_in_loop",
@@ -676,6 +677,23 @@ def check_kda_gates(g: torch.Tensor, lower_bound: float) -> None:
     if not low >= lower_bound:
         raise ValueError(f"KDA gates fall below lower_bound={lower_bound:g} (min g = {low:g}); pass "
                          "lower_bound=None for gates without a bound")
+
+
+def stage_kernels(config: GDNConfig, family: str, route: str) -> tuple[str, ...]:
+    """The tuned kernels (kernels/cache_key.KERNEL_FUNCTIONS) a forward launches under ``config`` on ``route``
+    (explicit: the caller's l2norm, then flag's kernels), following :func:`_forward`; GDN's path must be pinned
+    (``config.one_pass`` set, as the gdnbench backend does per shape)."""
+    if family == "gdn" and config.one_pass is None and config.in_loop is None:
+        raise ValueError("stage_kernels: GDN's path is decided per shape; pin config.one_pass first")
+    out = ("l2norm",) if route != "fused_qk" else ()
+    last = "output_fused" if route.startswith("fused") else "output"
+    if family == "kda":
+        if config.kda_chunk16:
+            return out + ("kda16_prep", "kda16_loop")
+        return out + ("kda_intra", "wu") + (("kda_state_out",) if config.one_pass else ("state", last))
+    if config.in_loop is not None:
+        return out + ("gram",) + (() if config.in_loop == "wu_aqk" else ("aqk",)) + ("fused_out",)
+    return out + ("gram", "wu") + (("aqk", "state_out") if config.one_pass else ("state", last))
 
 
 def _forward(q, k, v, g, beta, scale, initial_state, output_final_state, cu_seqlens, norm, config, chunk_indices,

@@ -249,14 +249,15 @@ def winner(entry: dict) -> dict | None:
     return best["config"]
 
 
-def tuned_config(shape, route: str, env: dict | None, cache_dir: Path | None = None):
+def tuned_config(shape, route: str, env: dict | None, cache_dir: Path | None = None, runs=None):
     """(GDNConfig, description) for ``shape`` on ``route``: the default config of the shape's family
     with each stage kernel the family runs replaced by its tuned winner where a matching cache
     entry exists (the shape key carries the family, so only that family's entries match).
 
     The description is 'default' or 'tuned: kernel[config], ...', ending with '; tuned on GPU (none here):
-    kernel, ...' for winners borrowed from another GPU (find_entry). Without a device identity (CPU) or with
-    GDNBENCH_TUNED=0 it is always the default."""
+    kernel, ...' for winners borrowed from another GPU (find_entry); ``runs`` (ops.stage_kernels of the config
+    that runs) limits it to the kernels launched, so a form not taken lists none of its entries. Without a device
+    identity (CPU) or with GDNBENCH_TUNED=0 it is always the default."""
     from .config import default_config, validate
 
     elt = dtype_bytes(shape.dtype)
@@ -280,8 +281,12 @@ def tuned_config(shape, route: str, env: dict | None, cache_dir: Path | None = N
         warnings.warn(f"tuned config for {shape_key(shape)} {route} is invalid ({e}); using the default",
                       StaleEntry, stacklevel=2)
         return cfg, "default"
-    label = TUNED_PREFIX + ", ".join(f"{k}[{point_label(p)}]" for k, p in changed.items())
-    return new, label + "".join(f"; tuned on {gpu} (none here): {', '.join(ks)}" for gpu, ks in lent.items())
+    shown = [k for k in changed if runs is None or k in runs]
+    if not shown:
+        return new, "default"
+    label = TUNED_PREFIX + ", ".join(f"{k}[{point_label(changed[k])}]" for k in shown)
+    lent = {gpu: [k for k in ks if k in shown] for gpu, ks in lent.items()}
+    return new, label + "".join(f"; tuned on {gpu} (none here): {', '.join(ks)}" for gpu, ks in lent.items() if ks)
 
 
 def label_lists(label: str, kernel: str) -> bool:
