@@ -514,6 +514,24 @@ def test_a_gpu_without_entries_borrows_those_of_its_architecture(tmp_path, monke
     assert tuned.tuned_config(shape, "flag", h100, tmp_path)[1] == "tuned: state[BV=32 w=8 s=2 r=none]"
 
 
+def test_cache_summary_counts_own_and_borrowable_entries(tmp_path, monkeypatch):
+    h100 = {**ENV, "gpu": "NVIDIA H100 80GB HBM3"}
+    shape = _shape()
+    tuned.save_entry(tmp_path, _entry(shape))
+    tuned.save_entry(tmp_path, _entry(shape, kernel="gram"))
+    other = _entry(shape)
+    other["key"].update(B200)
+    tuned.save_entry(tmp_path, other)
+    assert tuned.cache_summary(h100, tmp_path) == "0 for NVIDIA H100 80GB HBM3; borrows from NVIDIA H200 (2)"
+    assert tuned.cache_summary(ENV, tmp_path) == "2 for NVIDIA H200"
+    assert tuned.cache_summary(B200, tmp_path) == "1 for NVIDIA B200"
+    assert tuned.cache_summary(None, tmp_path) == "none (no GPU)"
+    monkeypatch.setenv(tuned.DISABLE_ENV, "own")
+    assert tuned.cache_summary(h100, tmp_path) == "0 for NVIDIA H100 80GB HBM3"
+    monkeypatch.setenv(tuned.DISABLE_ENV, "0")
+    assert tuned.cache_summary(h100, tmp_path) == "off (GDNBENCH_TUNED=0)"
+
+
 def _saver(tmp_path, shape):
     """save(kernel, time_us, variant="plain"): a cache entry of ``kernel`` on ``shape`` whose best took time_us."""
     def save(kernel, t, variant="plain"):

@@ -464,6 +464,11 @@ def env(device: str = typer.Option("auto", help="auto, cuda or cpu."),
     rows.append(["git", f"{git['sha']} dirty={git['dirty']}" if git["sha"] else f"none ({git.get('source')})"])
     rows += [[f"gpu.{k}", str(v)] for k, v in info.get("gpu", {}).items()]
     rows += [["cache", str(paths.user_cache_dir())]]
+    if dev == "cuda":
+        from ..kernels.cache_key import device_env
+        from ..kernels.tuned import cache_summary
+
+        rows.append(["tuned entries", cache_summary(device_env())])
     backend_rows = []
     for name in registry.REGISTRY:
         b = registry.get(name, options)

@@ -34,7 +34,7 @@ from ..paths import tuned_read_dirs, user_tuned_dir
 from ..vocab import dtype_bytes
 # source_hash, KERNEL_FUNCTIONS and KERNELS stay importable from here: `python -m gdnbench.autotune.rekey`
 # reads them from this tree and from older ones, which have no cache_key module
-from .cache_key import KERNEL_FUNCTIONS, CacheKey, shape_key, source_hash  # noqa: F401
+from .cache_key import KERNEL_FUNCTIONS, CacheKey, Machine, shape_key, source_hash  # noqa: F401
 
 CACHE_SCHEMA = 1
 KERNELS = tuple(KERNEL_FUNCTIONS)
@@ -190,6 +190,27 @@ def borrowed_entry(cache_dir, want: CacheKey, kernel: str) -> dict | None:
                         want, machine=dataclasses.replace(want.machine, gpu=gpu)):
                     return {**e, BORROWED_FROM: gpu}
     return None
+
+
+def cache_summary(env: dict | None, cache_dir=None) -> str:
+    """What a run on the machine ``env`` finds in the cache: its own entries and those it may borrow, counted per
+    GPU (entries of the current Triton; source hashes are checked per lookup), e.g. '0 for NVIDIA H100 80GB HBM3;
+    borrows from NVIDIA H200 (151)'."""
+    if env is None:
+        return "none (no GPU)"
+    if os.environ.get(DISABLE_ENV, "1") == "0":
+        return f"off ({DISABLE_ENV}=0)"
+    want = Machine.of(env)
+    counts: dict[str, int] = {}
+    for root in read_dirs(cache_dir):
+        for path in sorted(Path(root).glob("*/*.json")):
+            for e in load_entries(path):
+                m = CacheKey.from_dict(e.get("key", {})).machine
+                if (m.compute_capability, m.triton) == (want.compute_capability, want.triton):
+                    counts[m.gpu] = counts.get(m.gpu, 0) + 1
+    own = counts.pop(want.gpu, 0)
+    lend = ", ".join(f"{gpu} ({n})" for gpu, n in counts.items()) if borrowing() else ""
+    return f"{own} for {want.gpu}" + (f"; borrows from {lend}" if lend else "")
 
 
 def borrowing() -> bool:
