@@ -212,8 +212,8 @@ def seed_points(cache_dir: Path, env: dict, task: Task, shape, limit: int = MAX_
     point: H200, fused_out fused_qk at h16_hv32_fixed8k, 30 s without it: 236.1 us against the entry's 214.1),
     then its winner on older code (an edit made it stale), then its winner on another GPU of the same compute
     capability (what `gdnbench run` borrows there, so a search ends no slower on this GPU), then this shape's
-    other variants, then other shapes, then the kernel's START_POINTS. The pool compiles them with the default in one batch, so they cost
-    one compile wave."""
+    other variants, then other shapes, then the kernel's START_POINTS. The pool compiles them with the default
+    in one batch, so they cost one compile wave."""
     want = CacheKey.of(env, task.kernel, shape, task.variant)
     heads = ShapeKey.of(shape)
     current, previous, same, other = [], [], [], []

@@ -96,12 +96,12 @@ __all__ = [
     "l2norm",
     "one_pass",
     "prepare_varlen",
-    "stage_kernels",
     "recompute_wu",
     "state_output",
     "state_output_in_loop",
     "kda_state_output",
     "state_recurrence",
+    "stage_kernels",
     "validate",
 ]
 
