@@ -502,6 +502,9 @@ def test_a_gpu_without_entries_borrows_those_of_its_architecture(tmp_path, monke
     assert cfg.state.maxnreg == 128
     assert label == "tuned: state[BV=64 w=4 s=3 r=128]; tuned on NVIDIA H200 (none here): state"
     assert tuned.find_entry(tmp_path, h100, "state", shape, "plain") is None
+    task = at_plan.Task("state", "plain", "flag", "gdn")
+    assert at_plan.cached_entry(tmp_path, h100, task, shape) is None  # autotune searches there all the same
+    assert at_plan.cached_entry(tmp_path, ENV, task, shape) is not None
     assert tuned.find_entry(tmp_path, h100, "state", shape, "plain", True)["borrowed_from"] == "NVIDIA H200"
     assert tuned.tuned_config(shape, "flag", {**h100, "triton": "3.7.0"}, tmp_path)[1] == "default"
     monkeypatch.setenv(tuned.DISABLE_ENV, "own")
