@@ -73,6 +73,12 @@ class Machine:
     def as_dict(self) -> dict:
         return asdict(self)
 
+    def lends_to(self, other: "Machine") -> bool:
+        """Another GPU of ``other``'s compute capability and Triton: its entries serve ``other`` where that has
+        none of its own (kernels/tuned.py, borrowed_entry)."""
+        return self.gpu != other.gpu and (self.compute_capability, self.triton) == (
+            other.compute_capability, other.triton)
+
 
 @functools.lru_cache(maxsize=None)
 def device_env(index: int = 0) -> dict | None:

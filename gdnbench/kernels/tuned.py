@@ -185,10 +185,8 @@ def borrowed_entry(cache_dir, want: CacheKey, kernel: str) -> dict | None:
         for path in sorted(Path(root).glob(f"*/{kernel}.json")):
             for e in load_entries(path):
                 key = CacheKey.from_dict(e.get("key", {}))
-                gpu = key.machine.gpu
-                if gpu != want.machine.gpu and key == dataclasses.replace(
-                        want, machine=dataclasses.replace(want.machine, gpu=gpu)):
-                    return {**e, BORROWED_FROM: gpu}
+                if key.machine.lends_to(want.machine) and key == dataclasses.replace(want, machine=key.machine):
+                    return {**e, BORROWED_FROM: key.machine.gpu}
     return None
 
 
@@ -206,7 +204,7 @@ def cache_summary(env: dict | None, cache_dir=None) -> str:
         for path in sorted(Path(root).glob("*/*.json")):
             for e in load_entries(path):
                 m = CacheKey.from_dict(e.get("key", {})).machine
-                if (m.compute_capability, m.triton) == (want.compute_capability, want.triton):
+                if m == want or m.lends_to(want):
                     counts[m.gpu] = counts.get(m.gpu, 0) + 1
     own = counts.pop(want.gpu, 0)
     lend = ", ".join(f"{gpu} ({n})" for gpu, n in counts.items()) if borrowing() else ""
