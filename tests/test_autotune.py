@@ -20,6 +20,12 @@ from gdnbench.kernels import cache_key, tuned
 from gdnbench.vocab import ROUTES
 
 
+def _tuned(*args):
+    """(config, label) of a lookup: tuned.tuned_winners with its winners as text."""
+    cfg, won = tuned.tuned_winners(*args)
+    return cfg, won.label()
+
+
 def _shape(**kw):
     base = dict(id="s", family="gdn", H=16, HV=32, K=128, V=128, lens=(8192,), seed=1, gate="logsigmoid",
                 dtype="bfloat16")
@@ -471,25 +477,25 @@ def test_source_hash_follows_each_kernels_own_code(tmp_path, monkeypatch):
         cache_key.clear_caches()
 
 
-def test_tuned_config_uses_matching_entry(tmp_path):
+def test_tuned_winners_use_the_matching_entry(tmp_path):
     from gdnbench.kernels.config import KernelConfig
 
     shape = _shape()
     tuned.save_entry(tmp_path, _entry(shape))
-    cfg, label = tuned.tuned_config(shape, "flag", ENV, tmp_path)
+    cfg, label = _tuned(shape, "flag", ENV, tmp_path)
     assert cfg.state == KernelConfig(BV=64, num_warps=4, num_stages=3, maxnreg=128)
     assert label.startswith("tuned: state[") and "r=128" in label
-    assert cfg.gram == tuned.tuned_config(shape, "flag", None, tmp_path)[0].gram  # untouched kernels: default
+    assert cfg.gram == _tuned(shape, "flag", None, tmp_path)[0].gram  # untouched kernels: default
     # fused_qk runs the same (plain) state kernel
-    assert tuned.tuned_config(shape, "fused_qk", ENV, tmp_path)[0].state == cfg.state
+    assert _tuned(shape, "fused_qk", ENV, tmp_path)[0].state == cfg.state
     # another architecture, another shape bucket, no env: default
-    assert tuned.tuned_config(shape, "flag", B200, tmp_path)[1] == "default"
-    assert tuned.tuned_config(_shape(lens=(32768,)), "flag", ENV, tmp_path)[1] == "default"
-    assert tuned.tuned_config(shape, "flag", None, tmp_path)[1] == "default"
+    assert _tuned(shape, "flag", B200, tmp_path)[1] == "default"
+    assert _tuned(_shape(lens=(32768,)), "flag", ENV, tmp_path)[1] == "default"
+    assert _tuned(shape, "flag", None, tmp_path)[1] == "default"
     # a second save replaces the entry of the same identity
     tuned.save_entry(tmp_path, _entry(shape, best={"BV": 16, "num_warps": 2, "num_stages": 2, "maxnreg": None}))
     doc = json.loads((tmp_path / "nvidia-h200" / "state.json").read_text())
-    assert len(doc["entries"]) == 1 and tuned.tuned_config(shape, "flag", ENV, tmp_path)[0].state.BV == 16
+    assert len(doc["entries"]) == 1 and _tuned(shape, "flag", ENV, tmp_path)[0].state.BV == 16
 
 
 def test_a_gpu_without_entries_borrows_those_of_its_architecture(tmp_path, monkeypatch):
@@ -498,7 +504,7 @@ def test_a_gpu_without_entries_borrows_those_of_its_architecture(tmp_path, monke
     h100 = {**ENV, "gpu": "NVIDIA H100 80GB HBM3"}
     shape = _shape()
     tuned.save_entry(tmp_path, _entry(shape))
-    cfg, label = tuned.tuned_config(shape, "flag", h100, tmp_path)
+    cfg, label = _tuned(shape, "flag", h100, tmp_path)
     assert cfg.state.maxnreg == 128
     assert label == "tuned: state[BV=64 w=4 s=3 r=128]; tuned on NVIDIA H200 (none here): state"
     assert tuned.find_entry(tmp_path, h100, "state", shape, "plain") is None
@@ -506,15 +512,15 @@ def test_a_gpu_without_entries_borrows_those_of_its_architecture(tmp_path, monke
     assert at_plan.cached_entry(tmp_path, h100, task, shape) is None  # autotune searches there all the same
     assert at_plan.cached_entry(tmp_path, ENV, task, shape) is not None
     assert tuned.find_entry(tmp_path, h100, "state", shape, "plain", True)["borrowed_from"] == "NVIDIA H200"
-    assert tuned.tuned_config(shape, "flag", {**h100, "triton": "3.7.0"}, tmp_path)[1] == "default"
+    assert _tuned(shape, "flag", {**h100, "triton": "3.7.0"}, tmp_path)[1] == "default"
     monkeypatch.setenv(tuned.DISABLE_ENV, "own")
-    assert tuned.tuned_config(shape, "flag", h100, tmp_path)[1] == "default"
-    assert tuned.tuned_config(shape, "flag", ENV, tmp_path)[0].state.maxnreg == 128
+    assert _tuned(shape, "flag", h100, tmp_path)[1] == "default"
+    assert _tuned(shape, "flag", ENV, tmp_path)[0].state.maxnreg == 128
     monkeypatch.delenv(tuned.DISABLE_ENV)
     own = _entry(shape, best={"BV": 32, "num_warps": 8, "num_stages": 2, "maxnreg": None})
     own["key"].update(gpu=h100["gpu"])
     tuned.save_entry(tmp_path, own)
-    assert tuned.tuned_config(shape, "flag", h100, tmp_path)[1] == "tuned: state[BV=32 w=8 s=2 r=none]"
+    assert _tuned(shape, "flag", h100, tmp_path)[1] == "tuned: state[BV=32 w=8 s=2 r=none]"
 
 
 def test_cache_summary_counts_own_and_borrowable_entries(tmp_path, monkeypatch):
@@ -607,14 +613,17 @@ def test_gdnbench_runs_the_in_loop_form_where_it_was_timed_faster(monkeypatch):
     shape = _shape()
     one = dataclasses.replace(default_config(128, 128, 2), one_pass=True)
     monkeypatch.setattr(tuned, "in_loop_choice", lambda *a: ("wu", "fused_out 1.0 us vs state_out + wu 2.0 us"))
-    cfg, label = gb._in_loop(shape, "flag", ENV, one, "tuned: wu[..]; one pass")
+    won = tuned.Winners({"wu": {"num_warps": 4}})
+    cfg, note = gb._in_loop(shape, "flag", ENV, one, won)
     assert cfg == dataclasses.replace(one, in_loop="wu")
-    assert label == "tuned: wu[..]; one pass, in loop: wu (fused_out 1.0 us vs state_out + wu 2.0 us)"
+    assert note == ", in loop: wu (fused_out 1.0 us vs state_out + wu 2.0 us)"
     two = dataclasses.replace(one, one_pass=False)
-    assert gb._in_loop(shape, "flag", ENV, two, "x") == (two, "x")  # the two-kernel path has no such loop
-    assert gb._in_loop(shape, "flag", None, one, "x") == (one, "x")  # no machine, no tuned times
-    monkeypatch.setattr(tuned, "in_loop_choice", lambda *a: (None, "no tuned wu"))
-    assert gb._in_loop(shape, "flag", ENV, one, "x") == (one, "x")
+    assert gb._in_loop(shape, "flag", ENV, two, won) == (two, "")  # the two-kernel path has no such loop
+    assert gb._in_loop(shape, "flag", None, one, won) == (one, "")  # no machine, no tuned times
+    monkeypatch.setattr(tuned, "in_loop_choice", lambda *a: (None, "fused_out 3.0 us vs state_out + wu 2.0 us"))
+    assert gb._in_loop(shape, "flag", ENV, one, won) == (one, "")  # the loop has no winner: nothing to explain
+    assert gb._in_loop(shape, "flag", ENV, one, tuned.Winners({"fused_out": {"num_warps": 4}})) == (
+        one, "; in-loop form not taken (fused_out 3.0 us vs state_out + wu 2.0 us)")
 
 
 def test_kda_one_pass_choice_times_it_against_state_and_output(tmp_path, monkeypatch):
@@ -637,22 +646,22 @@ def test_kda_one_pass_choice_times_it_against_state_and_output(tmp_path, monkeyp
     base = default_config(128, 128, 2, "kda")
     monkeypatch.setattr(tuned, "kda_one_pass_choice", lambda *a: (True, "kda_state_out 1.0 us vs state + output 2.0 us"))
     monkeypatch.setattr(tuned, "kda16_choice", lambda *a: (False, "no tuned kda16_prep"))
-    assert gb._kda_forms(shape, "flag", ENV, base, "tuned: x") == (
-        dataclasses.replace(base, one_pass=True), "tuned: x; one pass (kda_state_out 1.0 us vs state + output 2.0 us)")
-    assert gb._kda_forms(shape, "flag", None, base, "x") == (base, "x")
-    assert gb._kda_forms(_shape(), "flag", ENV, base, "x") == (base, "x")
+    none = tuned.Winners()
+    assert gb._kda_forms(shape, "flag", ENV, base, none) == (
+        dataclasses.replace(base, one_pass=True), "; one pass (kda_state_out 1.0 us vs state + output 2.0 us)")
+    assert gb._kda_forms(shape, "flag", None, base, none) == (base, "")
+    assert gb._kda_forms(_shape(), "flag", ENV, base, none) == (base, "")
     monkeypatch.setattr(tuned, "kda16_choice", lambda *a: (True, "why"))  # and the 16-token tiles too
-    assert gb._kda_forms(shape, "flag", ENV, base, "x") == (
+    assert gb._kda_forms(shape, "flag", ENV, base, none) == (
         dataclasses.replace(base, one_pass=True, kda_chunk16=True),
-        "x; one pass (kda_state_out 1.0 us vs state + output 2.0 us); 16-token tiles (why)")
-    # a form not taken whose kernels have tuned entries: the label says why (the row's lists only what ran)
+        "; one pass (kda_state_out 1.0 us vs state + output 2.0 us); 16-token tiles (why)")
+    # a form not taken whose kernels have tuned winners: the notes say why (the row's label lists only what ran)
     monkeypatch.setattr(tuned, "kda_one_pass_choice", lambda *a: (False, ""))
     monkeypatch.setattr(tuned, "kda16_choice", lambda *a: (False, "no tuned kda16_loop"))
-    label = "tuned: wu[w=4], kda16_prep[BK=32]"
-    assert gb._kda_forms(shape, "flag", ENV, base, label) == (
-        base, label + "; 16-token tiles not taken (no tuned kda16_loop)")
-    assert gb._kda_forms(shape, "flag", ENV, base, "tuned: wu[w=4]") == (base, "tuned: wu[w=4]")
-    assert gb._not_taken("tuned: kda_state_out[w=4]", ("state",), "x", "why") == "tuned: kda_state_out[w=4]"
+    won = tuned.Winners({"wu": {"num_warps": 4}, "kda16_prep": {"BK": 32}})
+    assert gb._kda_forms(shape, "flag", ENV, base, won) == (base, "; 16-token tiles not taken (no tuned kda16_loop)")
+    assert gb._kda_forms(shape, "flag", ENV, base, tuned.Winners({"wu": {"num_warps": 4}})) == (base, "")
+    assert gb._not_taken(tuned.Winners({"kda_state_out": {}}), ("state",), "x", "why") == ""
 
 
 def test_a_rows_label_lists_the_winners_of_the_kernels_that_run(tmp_path, monkeypatch):
@@ -689,6 +698,31 @@ def test_a_rows_label_lists_the_winners_of_the_kernels_that_run(tmp_path, monkey
     assert "; 16-token tiles not taken (kda16_prep + kda16_loop 2300.0 us vs" in label
 
 
+def test_a_forced_forms_label_lists_its_own_kernels_and_their_lender(tmp_path, monkeypatch):
+    """gdnbench-kda16 runs the 16-token tiles where gdnbench would not: its label lists those two kernels'
+    winners, borrowed from another GPU of the same compute capability, and says so."""
+    import dataclasses
+
+    from gdnbench.backends.gdnbench_kda16 import GdnbenchKda16Backend
+    from gdnbench.kernels import cache_key as ck
+    from gdnbench.kernels.config import default_config
+
+    lender = {"gpu": "Fake GPU", "compute_capability": "8.0", "triton": "3.6.0"}
+    monkeypatch.setenv("GDNBENCH_CACHE_DIR", str(tmp_path))
+    monkeypatch.setattr(ck, "device_env", lambda: {**lender, "gpu": "Other GPU"})
+    shape = _kda_shape()
+    base = default_config(128, 128, 2, "kda")
+    for kernel, t in (("kda16_prep", 300.0), ("kda16_loop", 2000.0), ("kda_intra", 600.0), ("wu", 380.0)):
+        e = _entry(shape, kernel=kernel, best={**dataclasses.asdict(getattr(base, kernel)), "maxnreg": 128})
+        e["key"].update(lender)
+        e["best"]["time_us"] = t
+        tuned.save_entry(tmp_path / "tuned", e)
+    cfg, label = GdnbenchKda16Backend()._config(shape, "flag", "cuda")
+    assert cfg.kda_chunk16 and cfg.kda16_prep.maxnreg == 128 and cfg.wu.maxnreg == 128
+    assert label.startswith("tuned: kda16_prep[") and ", kda16_loop[" in label and "wu[" not in label
+    assert label.endswith("; tuned on Fake GPU (none here): kda16_prep, kda16_loop; kda_chunk16")
+
+
 def test_kda16_choice_times_its_two_kernels_against_the_ones_they_replace(tmp_path):
     import dataclasses
 
@@ -715,7 +749,7 @@ def test_kda16_choice_times_its_two_kernels_against_the_ones_they_replace(tmp_pa
     assert tuned.kda16_choice(shape, "flag", None, tmp_path) == (False, "")
 
 
-def test_tuned_config_applies_kda_entries(tmp_path):
+def test_tuned_winners_apply_kda_entries(tmp_path):
     from gdnbench.kernels.config import KernelConfig, default_config
 
     kda, gdn = _kda_shape(), _shape()
@@ -724,26 +758,26 @@ def test_tuned_config_applies_kda_entries(tmp_path):
     e["default"]["config"] = {"BK": 32, "num_warps": 2, "num_stages": 1, "maxnreg": None}
     tuned.save_entry(tmp_path, e)
     tuned.save_entry(tmp_path, _entry(kda))  # state, plain: KDA's state runs it on fused_qk too
-    cfg, label = tuned.tuned_config(kda, "fused_qk", ENV, tmp_path)
+    cfg, label = _tuned(kda, "fused_qk", ENV, tmp_path)
     assert cfg.kda_intra == KernelConfig(**best) and cfg.state.maxnreg == 128
     assert label == "tuned: kda_intra[BK=64 w=4 s=2 r=200], state[BV=64 w=4 s=3 r=128]"
     assert cfg.wu == default_config(128, 128, 2, "kda").wu  # untouched kernels: the KDA default
-    assert tuned.tuned_config(kda, "flag", ENV, tmp_path)[1] == "tuned: state[BV=64 w=4 s=3 r=128]"  # plain kda_intra
+    assert _tuned(kda, "flag", ENV, tmp_path)[1] == "tuned: state[BV=64 w=4 s=3 r=128]"  # plain kda_intra
     # a GDN shape of the same sizes has another key: KDA entries never reach it
-    assert tuned.tuned_config(gdn, "flag", ENV, tmp_path)[1] == "default"
+    assert _tuned(gdn, "flag", ENV, tmp_path)[1] == "default"
     # a KDA winner that breaks KDA's shared-memory rule is refused, with a warning
     bad = _entry(kda, kernel="kda_intra", variant="plain", best={**best, "BK": 128, "num_stages": 4})
     tuned.save_entry(tmp_path, bad)
     with pytest.warns(tuned.StaleEntry, match="invalid"):
-        assert tuned.tuned_config(kda, "flag", ENV, tmp_path)[1] == "default"
+        assert _tuned(kda, "flag", ENV, tmp_path)[1] == "default"
 
 
 def test_stale_source_hash_is_ignored_with_a_warning(tmp_path):
     shape = _shape()
     tuned.save_entry(tmp_path, _entry(shape, source_hash="sha256:old"))
     with pytest.warns(tuned.StaleEntry, match="source hash changed"):
-        cfg, label = tuned.tuned_config(shape, "flag", ENV, tmp_path)
-    assert label == "default" and cfg == tuned.tuned_config(shape, "flag", None, tmp_path)[0]
+        cfg, label = _tuned(shape, "flag", ENV, tmp_path)
+    assert label == "default" and cfg == _tuned(shape, "flag", None, tmp_path)[0]
     rows = at_report.report_rows(tmp_path)
     assert rows[0]["stale"] is True
 
@@ -775,7 +809,7 @@ def test_winner_equal_to_default_keeps_default(tmp_path):
     tuned.save_entry(tmp_path, e)
     with warnings.catch_warnings():
         warnings.simplefilter("error")
-        assert tuned.tuned_config(shape, "flag", ENV, tmp_path)[1] == "default"
+        assert _tuned(shape, "flag", ENV, tmp_path)[1] == "default"
 
 
 def test_report_and_chart(tmp_path):
@@ -807,7 +841,7 @@ def test_make_entry_records_failures(tmp_path):
     assert any(c["status"] == "compile_error" for c in entry["candidates"])
     assert entry["best"]["time_us"] < entry["default"]["time_us"]
     tuned.save_entry(tmp_path, entry)
-    assert tuned.tuned_config(shape, "flag", ENV, tmp_path)[1].startswith("tuned: gram[")
+    assert _tuned(shape, "flag", ENV, tmp_path)[1].startswith("tuned: gram[")
 
 
 # ----------------------------------------------------------------------------- CLI

@@ -18,6 +18,7 @@ class GdnbenchBackend(Backend):
     devices = ("cuda", "cpu")
     no_backward = "has no backward (gdnbench.kernels.ops is a forward-only Triton op, no autograd)"
     no_decode = "has no decode kernel (gdnbench.kernels.ops is a chunked forward)"
+    untuned: tuple[str, ...] = ()  # kernels whose tuned winners this backend's form does not run (not in its label)
 
     def __init__(self):
         self._resolved: dict = {}
@@ -49,35 +50,39 @@ class GdnbenchBackend(Backend):
         return f"gdnbench.kernels.ops.chunk_{shape.family} norm={'none' if route == 'explicit' else route}{bound}"
 
     def _config(self, shape, route, device):
-        """(GDNConfig or None for the built-in default, label): the autotune cache's config on CUDA, GDN's
-        path pinned (:func:`_pin_path`).
+        """(GDNConfig or None for the built-in default, label): the autotune cache's config on CUDA in this
+        backend's form (:meth:`_forms`); the label lists the winners of the kernels that run, then the forms'
+        notes.
 
         Resolved once per (shape id, route): the gate's shortened copy of a shape must run the
         config that the full shape is timed with, though its token count keys another entry."""
         key = (shape.id, route)
         if key not in self._resolved:
-            cfg, listed, env = None, "default", None
+            from ..kernels.tuned import Winners
+
+            cfg, won, env = None, Winners(), None
             if device == "cuda":
                 from ..kernels.cache_key import device_env
-                from ..kernels.tuned import tuned_config
+                from ..kernels.tuned import tuned_winners
 
                 env = device_env()
-                cfg, listed = tuned_config(shape, route, env)
-            cfg, label = _pin_path(shape, route, cfg if listed != "default" else None, listed)
-            cfg, label = _kda_forms(shape, route, env, cfg, label)
-            cfg, label = _in_loop(shape, route, env, cfg, label)
-            if listed != "default":  # the forms' notes (appended to it) follow the winners of the kernels that run
-                import warnings
-
+                cfg, won = tuned_winners(shape, route, env)
+            cfg, notes = self._forms(shape, route, env, cfg if won else None, won)
+            label = "default"
+            if won:
                 from ..kernels import ops
-                from ..kernels.tuned import StaleEntry
 
-                with warnings.catch_warnings():
-                    warnings.simplefilter("ignore", StaleEntry)  # said by the first lookup
-                    runs = ops.stage_kernels(cfg, shape.family, route)
-                    label = tuned_config(shape, route, env, runs=runs)[1] + label[len(listed):]
-            self._resolved[key] = cfg, _with_stale(shape, route, env, label)
+                label = won.label([k for k in ops.stage_kernels(cfg, shape.family, route) if k not in self.untuned])
+            self._resolved[key] = cfg, _with_stale(shape, route, env, label + notes)
         return self._resolved[key]
+
+    def _forms(self, shape, route, env, cfg, won):
+        """(config, notes): GDN's path pinned (:func:`_pin_path`), KDA's forms and GDN's in-loop form where their
+        tuned times win on this machine. ``cfg``: the tuned config, None where the lookup found no winner."""
+        cfg, path = _pin_path(shape, route, cfg)
+        cfg, forms = _kda_forms(shape, route, env, cfg, won)
+        cfg, loop = _in_loop(shape, route, env, cfg, won)
+        return cfg, path + forms + loop
 
     def config_label(self, shape, route, device):
         return self._config(shape, route, device)[1]
@@ -116,7 +121,8 @@ class GdnbenchDefaultBackend(GdnbenchBackend):
     name = "gdnbench-default"
 
     def _config(self, shape, route, device):
-        return _pin_path(shape, route, None, "default")
+        cfg, path = _pin_path(shape, route, None)
+        return cfg, "default" + path
 
 
 def _with_stale(shape, route: str, env, label: str) -> str:
@@ -128,19 +134,19 @@ def _with_stale(shape, route: str, env, label: str) -> str:
     return f"{label}; stale tuned entries ignored: {', '.join(stale)}" if stale else label
 
 
-def _in_loop(shape, route: str, env, cfg, label: str):
-    """(config, label) with the in-loop form (kernels/fused_fwd.py) where the autotuner timed it faster than
+def _in_loop(shape, route: str, env, cfg, won):
+    """(config, note) with the in-loop form (kernels/fused_fwd.py) where the autotuner timed it faster than
     the one-pass pair it replaces on this machine (kernels/tuned.py, ``in_loop_choice``)."""
     if env is None or cfg is None or not cfg.one_pass or cfg.in_loop is not None:
-        return cfg, label
+        return cfg, ""
     import dataclasses
 
     from ..kernels.tuned import in_loop_choice
 
     form, why = in_loop_choice(shape, route, env)
     if form is None:
-        return cfg, _not_taken(label, ("fused_out",), "in-loop form", why)
-    return dataclasses.replace(cfg, in_loop=form), f"{label}, in loop: {form} ({why})"
+        return cfg, _not_taken(won, ("fused_out",), "in-loop form", why)
+    return dataclasses.replace(cfg, in_loop=form), f", in loop: {form} ({why})"
 
 
 # KDA's forms the autotuner may time faster than the kernels they replace: (choice in kernels/tuned.py, the
@@ -149,40 +155,38 @@ _KDA_FORMS = (("kda_one_pass_choice", "one_pass", "one pass", ("kda_state_out",)
               ("kda16_choice", "kda_chunk16", "16-token tiles", ("kda16_prep", "kda16_loop")))
 
 
-def _not_taken(label: str, kernels, what: str, why: str) -> str:
-    """``label`` saying why a form it lists tuned kernels of was not taken (the row's final label lists only the
-    kernels that ran: an H100 with a tuned kda16_prep but no kda16_loop had read 'tuned: kda16_prep[...]' over
-    five default kernels)."""
-    from ..kernels.tuned import label_lists
-
-    listed = any(label_lists(label, k) for k in kernels)
-    return f"{label}; {what} not taken ({why})" if listed and why else label
+def _not_taken(won, kernels, what: str, why: str) -> str:
+    """The note saying why a form was not taken, where the lookup found tuned winners (tuned.Winners) of its
+    kernels (the row's label lists only the kernels that ran: an H100 with a tuned kda16_prep but no kda16_loop
+    had read 'tuned: kda16_prep[...]' over five default kernels)."""
+    return f"; {what} not taken ({why})" if why and any(k in won for k in kernels) else ""
 
 
-def _kda_forms(shape, route: str, env, cfg, label: str):
-    """(config, label) with KDA's state and output in one pass (kernels/state_out_kda.py) and in 16-token tiles
+def _kda_forms(shape, route: str, env, cfg, won):
+    """(config, notes) with KDA's state and output in one pass (kernels/state_out_kda.py) and in 16-token tiles
     (kernels/kda16.py) each where the autotuner timed it faster than the kernels it replaces on this machine
     (kernels/tuned.py: kda_one_pass_choice, kda16_choice; the second weighs the first's pick)."""
     if shape.family != "kda" or env is None or cfg is None:
-        return cfg, label
+        return cfg, ""
     import dataclasses
 
     from ..kernels import tuned
 
+    notes = ""
     for choice, field, what, own in _KDA_FORMS:
         take, why = getattr(tuned, choice)(shape, route, env)
         if take:
-            cfg, label = dataclasses.replace(cfg, **{field: True}), f"{label}; {what} ({why})"
+            cfg, notes = dataclasses.replace(cfg, **{field: True}), f"{notes}; {what} ({why})"
         else:
-            label = _not_taken(label, own, what, why)
-    return cfg, label
+            notes += _not_taken(won, own, what, why)
+    return cfg, notes
 
 
-def _pin_path(shape, route: str, cfg, label: str):
-    """(config, label) with GDN's path (one pass or two kernels, ops.one_pass) decided on this shape,
+def _pin_path(shape, route: str, cfg):
+    """(config, note) with GDN's path (one pass or two kernels, ops.one_pass) decided on this shape,
     the full one: the gate's shortened copy then runs the path that is timed."""
     if shape.family != "gdn":
-        return cfg, label
+        return cfg, ""
     import dataclasses
 
     from ..kernels import ops
@@ -190,4 +194,4 @@ def _pin_path(shape, route: str, cfg, label: str):
 
     base = cfg or ops.default_config(shape.K, shape.V, torch_dtype(shape.dtype).itemsize)
     one = ops.one_pass(base, shape.K, shape.HV, shape.tokens, max(shape.lens))
-    return dataclasses.replace(base, one_pass=one), f"{label}; {'one pass' if one else 'two kernels'}"
+    return dataclasses.replace(base, one_pass=one), f"; {'one pass' if one else 'two kernels'}"

@@ -37,11 +37,11 @@ class GdnbenchFusedWuBackend(GdnbenchBackend):
     def variant(self, shape, route):
         return super().variant(shape, route) + f" in_loop={self.in_loop}"
 
-    def _config(self, shape, route, device):
-        """`gdnbench`'s (config, label) for the shape and route (resolved once there), in this loop's form."""
-        cfg, label = super()._config(shape, route, device)
+    def _forms(self, shape, route, env, cfg, won):
+        """`gdnbench`'s tuned config for the shape and route in this loop's form."""
+        cfg = cfg or _defaults(shape)[0]
         cfg, how = self._loop_config(dataclasses.replace(cfg, one_pass=True, in_loop=self.in_loop), shape)
-        return cfg, f"{label.split('; ')[0]}; one pass, in loop: {self.in_loop}{how}"
+        return cfg, f"; one pass, in loop: {self.in_loop}{how}"
 
     def _loop_config(self, cfg, shape):
         """(config, note): the loop at state_out's tuned config unless the loop has its own winner."""
@@ -62,6 +62,7 @@ class GdnbenchFusedWuAqkBackend(GdnbenchFusedWuBackend):
     name = "gdnbench-fusedwu-aqk"
     routes = ("explicit", "flag")
     in_loop = "wu_aqk"
+    untuned = ("fused_out",)  # its loop runs at the default config: fused_out's winners are the "wu" form's
 
     def _loop_config(self, cfg, shape):
         """The default loop at 2 stages (tuned fused_out winners are the "wu" form's)."""

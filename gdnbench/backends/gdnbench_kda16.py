@@ -27,10 +27,9 @@ class GdnbenchKda16Backend(GdnbenchBackend):
     def variant(self, shape, route):
         return super().variant(shape, route) + " kda_chunk16"
 
-    def _config(self, shape, route, device):
+    def _forms(self, shape, route, env, cfg, won):
         from ..data.inputs import torch_dtype
         from ..kernels.config import default_config
 
-        cfg, label = super()._config(shape, route, device)
         base = cfg or default_config(shape.K, shape.V, torch_dtype(shape.dtype).itemsize, "kda")
-        return dataclasses.replace(base, kda_chunk16=True), f"{label.split('; ')[0]}; kda_chunk16"
+        return dataclasses.replace(base, kda_chunk16=True), "; kda_chunk16"

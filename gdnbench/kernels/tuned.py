@@ -25,7 +25,6 @@ import dataclasses
 import functools
 import json
 import os
-import re
 import warnings
 from pathlib import Path
 
@@ -58,7 +57,7 @@ ROUTE_KERNELS = {"gdn": _GDN_ROUTES,
                          + ("kda_state_out",) + KDA16_KERNELS for r, ks in _GDN_ROUTES.items()}}
 # the route a (kernel, variant) is measured under
 MEASURE_ROUTE = {"plain": "flag", "fuse_k": "fused_qk", "fused_q": "fused_q", "fused_qk": "fused_qk"}
-TUNED_PREFIX = "tuned: "  # tuned_config's description: TUNED_PREFIX + "kernel[config], ..."
+TUNED_PREFIX = "tuned: "  # Winners.label: TUNED_PREFIX + "kernel[config], ..."
 # GDNBENCH_TUNED=0: `gdnbench run` ignores the cache; =own: it takes this GPU's entries only, borrowing none
 DISABLE_ENV = "GDNBENCH_TUNED"
 # an entry found for another GPU of the same compute capability (find_entry's borrow) carries that GPU's name
@@ -268,49 +267,64 @@ def winner(entry: dict) -> dict | None:
     return best["config"]
 
 
-def tuned_config(shape, route: str, env: dict | None, cache_dir: Path | None = None, runs=None):
-    """(GDNConfig, description) for ``shape`` on ``route``: the default config of the shape's family
-    with each stage kernel the family runs replaced by its tuned winner where a matching cache
-    entry exists (the shape key carries the family, so only that family's entries match).
+@dataclasses.dataclass(frozen=True)
+class Winners:
+    """The tuned winners one lookup found for a (shape key, route): each kernel's config point, in the family's
+    stage order, and for a winner borrowed from another GPU (find_entry) that GPU's name."""
 
-    The description is 'default' or 'tuned: kernel[config], ...', ending with '; tuned on GPU (none here):
-    kernel, ...' for winners borrowed from another GPU (find_entry); ``runs`` (ops.stage_kernels of the config
-    that runs) limits it to the kernels launched, so a form not taken lists none of its entries. Without a device
-    identity (CPU) or with GDNBENCH_TUNED=0 it is always the default."""
+    points: dict = dataclasses.field(default_factory=dict)  # kernel -> config point
+    lenders: dict = dataclasses.field(default_factory=dict)  # kernel -> the GPU it was tuned on, borrowed ones only
+
+    def __bool__(self) -> bool:
+        return bool(self.points)
+
+    def __contains__(self, kernel: str) -> bool:
+        return kernel in self.points
+
+    def label(self, runs=None) -> str:
+        """'default' or 'tuned: kernel[config], ...', ending with '; tuned on GPU (none here): kernel, ...' for the
+        borrowed ones; ``runs`` (ops.stage_kernels of the config that runs) limits it to the kernels launched, so a
+        form not taken lists none of its entries."""
+        shown = [k for k in self.points if runs is None or k in runs]
+        if not shown:
+            return "default"
+        lent: dict[str, list[str]] = {}
+        for k in shown:
+            if k in self.lenders:
+                lent.setdefault(self.lenders[k], []).append(k)
+        return (TUNED_PREFIX + ", ".join(f"{k}[{point_label(self.points[k])}]" for k in shown)
+                + "".join(f"; tuned on {gpu} (none here): {', '.join(ks)}" for gpu, ks in lent.items()))
+
+
+def tuned_winners(shape, route: str, env: dict | None, cache_dir: Path | None = None):
+    """(GDNConfig, Winners) for ``shape`` on ``route``: the default config of the shape's family with each stage
+    kernel the family runs replaced by its tuned winner where a matching cache entry exists (the shape key carries
+    the family, so only that family's entries match). Without a device identity (CPU), with GDNBENCH_TUNED=0 or
+    with winners that make no valid config together it is the default, with no winners."""
     from .config import default_config, validate
 
     elt = dtype_bytes(shape.dtype)
     cfg = default_config(shape.K, shape.V, elt, shape.family)
     if env is None or os.environ.get(DISABLE_ENV, "1") == "0":
-        return cfg, "default"
-    changed, lent = {}, {}
+        return cfg, Winners()
+    points, lenders = {}, {}
     for kernel in ROUTE_KERNELS[shape.family][route]:
         e = find_entry(cache_dir, env, kernel, shape, variant_of(kernel, route, shape.family), borrowing())
         point = winner(e) if e else None
         if point is not None:
-            changed[kernel] = point
+            points[kernel] = point
             if BORROWED_FROM in e:
-                lent.setdefault(e[BORROWED_FROM], []).append(kernel)
-    if not changed:
-        return cfg, "default"
+                lenders[kernel] = e[BORROWED_FROM]
+    if not points:
+        return cfg, Winners()
     try:
-        new = dataclasses.replace(cfg, **{k: kernel_config(k, p) for k, p in changed.items()})
+        new = dataclasses.replace(cfg, **{k: kernel_config(k, p) for k, p in points.items()})
         validate(new, shape.K, shape.V, elt, shape.family)
     except (TypeError, ValueError) as e:
         warnings.warn(f"tuned config for {shape_key(shape)} {route} is invalid ({e}); using the default",
                       StaleEntry, stacklevel=2)
-        return cfg, "default"
-    shown = [k for k in changed if runs is None or k in runs]
-    if not shown:
-        return new, "default"
-    label = TUNED_PREFIX + ", ".join(f"{k}[{point_label(changed[k])}]" for k in shown)
-    lent = {gpu: [k for k in ks if k in shown] for gpu, ks in lent.items()}
-    return new, label + "".join(f"; tuned on {gpu} (none here): {', '.join(ks)}" for gpu, ks in lent.items() if ks)
-
-
-def label_lists(label: str, kernel: str) -> bool:
-    """Whether a :func:`tuned_config` description names a winner of ``kernel``."""
-    return re.search(rf"(?:^{TUNED_PREFIX}|, ){kernel}\[", label) is not None
+        return cfg, Winners()
+    return new, Winners(points, lenders)
 
 
 def _best_times(shape, route: str, env: dict, cache_dir, kernels) -> tuple[dict, str | None]:
@@ -318,7 +332,7 @@ def _best_times(shape, route: str, env: dict, cache_dir, kernels) -> tuple[dict,
     kernel without one or None)."""
     times = {}
     with warnings.catch_warnings():
-        warnings.simplefilter("ignore", StaleEntry)  # tuned_config reports stale entries once
+        warnings.simplefilter("ignore", StaleEntry)  # tuned_winners reports stale entries once
         for kernel in kernels:
             e = find_entry(cache_dir, env, kernel, shape, variant_of(kernel, route, shape.family), borrowing()) or {}
             t = (e.get("best") or {}).get("time_us")
@@ -349,7 +363,7 @@ def loop_reads_k_tile(shape, route: str, env: dict | None, cache_dir: Path | Non
     form chosen (:func:`in_loop_choice`) and its loop's config asking for the tile (``k_rstd_tile``)."""
     if route != "fused_qk" or in_loop_choice(shape, route, env, cache_dir)[0] != "wu":
         return False
-    return tuned_config(shape, route, env, cache_dir)[0].fused_out.k_rstd_tile
+    return tuned_winners(shape, route, env, cache_dir)[0].fused_out.k_rstd_tile
 
 
 def kda_one_pass_choice(shape, route: str, env: dict | None, cache_dir: Path | None = None) -> tuple[bool, str]:
