@@ -523,6 +523,34 @@ def test_a_gpu_without_entries_borrows_those_of_its_architecture(tmp_path, monke
     assert _tuned(shape, "flag", h100, tmp_path)[1] == "tuned: state[BV=32 w=8 s=2 r=none]"
 
 
+def test_a_path_choice_weighs_one_gpus_times(tmp_path, monkeypatch):
+    """A choice between forms takes this GPU's own times where it has them all, else the borrowed ones alone:
+    never an own time against a borrowed one."""
+    h100 = {**ENV, "gpu": "NVIDIA H100 80GB HBM3"}
+    shape = _kda_shape()
+    save = _saver(tmp_path, shape)
+    for kernel, t in (("kda_state_out", 600.0), ("state", 400.0), ("output", 350.0)):  # the H200's
+        save(kernel, t)
+    assert tuned.kda_one_pass_choice(shape, "flag", h100, tmp_path) == (
+        True, "kda_state_out 600.0 us vs state + output 750.0 us")
+    own = _entry(shape)  # the H100 searched its state kernel again: 100 us
+    own["key"].update(gpu=h100["gpu"])
+    own["best"]["time_us"] = 100.0
+    tuned.save_entry(tmp_path, own)
+    assert tuned.kda_one_pass_choice(shape, "flag", h100, tmp_path) == (  # not 600 against 100 + 350
+        True, "kda_state_out 600.0 us vs state + output 750.0 us")
+    monkeypatch.setenv(tuned.DISABLE_ENV, "own")
+    assert tuned.kda_one_pass_choice(shape, "flag", h100, tmp_path) == (False, "no tuned kda_state_out")
+    monkeypatch.delenv(tuned.DISABLE_ENV)
+    for kernel, t in (("kda_state_out", 500.0), ("output", 300.0)):  # its own times complete: they decide
+        e = _entry(shape, kernel=kernel)
+        e["key"].update(gpu=h100["gpu"])
+        e["best"]["time_us"] = t
+        tuned.save_entry(tmp_path, e)
+    assert tuned.kda_one_pass_choice(shape, "flag", h100, tmp_path) == (
+        False, "kda_state_out 500.0 us vs state + output 400.0 us")
+
+
 def test_cache_summary_counts_own_and_borrowable_entries(tmp_path, monkeypatch):
     h100 = {**ENV, "gpu": "NVIDIA H100 80GB HBM3"}
     shape = _shape()

@@ -327,35 +327,69 @@ def tuned_winners(shape, route: str, env: dict | None, cache_dir: Path | None = 
     return new, Winners(points, lenders)
 
 
-def _best_times(shape, route: str, env: dict, cache_dir, kernels) -> tuple[dict, str | None]:
+def _best_times(shape, route: str, env: dict, cache_dir, kernels, lent: bool) -> tuple[dict, str | None]:
     """({kernel: its current entry's best time_us} for ``kernels`` on this shape key and route, the first
-    kernel without one or None)."""
+    kernel without one or None): this GPU's own entries, or with ``lent`` only those it borrows (borrowed_entry)."""
     times = {}
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", StaleEntry)  # tuned_winners reports stale entries once
         for kernel in kernels:
-            e = find_entry(cache_dir, env, kernel, shape, variant_of(kernel, route, shape.family), borrowing()) or {}
-            t = (e.get("best") or {}).get("time_us")
+            variant = variant_of(kernel, route, shape.family)
+            if lent:
+                e = borrowed_entry(cache_dir, CacheKey.of(env, kernel, shape, variant), kernel)
+            else:
+                e = find_entry(cache_dir, env, kernel, shape, variant)
+            t = ((e or {}).get("best") or {}).get("time_us")
             if t is None:
                 return times, kernel
             times[kernel] = t
     return times, None
 
 
+class _NoTime(Exception):
+    """A path choice lacks a tuned time (its message: the kernel)."""
+
+
+def _times(shape, route: str, env: dict, cache_dir, kernels, lent: bool) -> dict:
+    times, missing = _best_times(shape, route, env, cache_dir, kernels, lent)
+    if missing:
+        raise _NoTime(missing)
+    return times
+
+
+def _one_machine(choose, no):
+    """``choose(lent)``'s (choice, why) on this GPU's own tuned times, else, where those are incomplete and it may
+    borrow, on the borrowed ones alone: one choice never weighs an own time against a borrowed one (the GPU
+    that searched one kernel again would have its time set against another GPU's). ``no``: the choice that
+    leaves a form out; its why names the first kernel without an own time."""
+    try:
+        return choose(False)
+    except _NoTime as own:
+        if borrowing():
+            try:
+                return choose(True)
+            except _NoTime:
+                pass
+        return no, f"no tuned {own}"
+
+
 def in_loop_choice(shape, route: str, env: dict | None, cache_dir: Path | None = None) -> tuple[str | None, str]:
     """(form, why): ``"wu"`` where the autotuner timed the in-loop form's loop (fused_out: no w/u kernel) below
     the state_out + wu pair it replaces, for this shape key and route; else None. GDN only; needs all three
-    entries current on this machine. H200 searches, gdn-qwen6, plain variant, the loop in segments timed as
-    the geometric mean over both gate regimes: it wins on all five searched shapes (HV32 8K 221.9 against
-    188.3 + 78.0 us, HV64 336.4 against 245.6 + 146.4, HV48 210.9 against 199.4 + 114.4; docs/design.md)."""
+    entries current, on one GPU (:func:`_one_machine`). H200 searches, gdn-qwen6, plain variant, the loop in
+    segments timed as the geometric mean over both gate regimes: it wins on all five searched shapes (HV32 8K
+    221.9 against 188.3 + 78.0 us, HV64 336.4 against 245.6 + 146.4, HV48 210.9 against 199.4 + 114.4;
+    docs/design.md)."""
     if shape.family != "gdn" or env is None or os.environ.get(DISABLE_ENV, "1") == "0":
         return None, ""
-    times, missing = _best_times(shape, route, env, cache_dir, ("fused_out", "state_out", "wu"))
-    if missing:
-        return None, f"no tuned {missing}"
-    pair = times["state_out"] + times["wu"]
-    why = f"fused_out {times['fused_out']:.1f} us vs state_out + wu {pair:.1f} us"
-    return ("wu" if times["fused_out"] < pair else None), why
+
+    def choose(lent):
+        times = _times(shape, route, env, cache_dir, ("fused_out", "state_out", "wu"), lent)
+        pair = times["state_out"] + times["wu"]
+        why = f"fused_out {times['fused_out']:.1f} us vs state_out + wu {pair:.1f} us"
+        return ("wu" if times["fused_out"] < pair else None), why
+
+    return _one_machine(choose, None)
 
 
 def loop_reads_k_tile(shape, route: str, env: dict | None, cache_dir: Path | None = None) -> bool:
@@ -366,46 +400,49 @@ def loop_reads_k_tile(shape, route: str, env: dict | None, cache_dir: Path | Non
     return tuned_winners(shape, route, env, cache_dir)[0].fused_out.k_rstd_tile
 
 
-def kda_one_pass_choice(shape, route: str, env: dict | None, cache_dir: Path | None = None) -> tuple[bool, str]:
-    """(one pass, why): True where the autotuner timed KDA's one-pass kernel (kda_state_out) below the state and
-    output kernels it replaces, for this shape key and route; needs all three entries current on this machine.
-    H200: 519.4 against 299.2 + 242.8 us at h64_fixed (flag), 958.0 against 428.1 + 363.3 at h96_fixed, where its
-    192 programs are 1.45 waves; the fused_q form loses on all four kda-legacy6 keys (docs/design.md)."""
-    if shape.family != "kda" or env is None or os.environ.get(DISABLE_ENV, "1") == "0":
-        return False, ""
+def _one_pass(shape, route: str, env: dict, cache_dir, lent: bool) -> tuple[bool, str]:
     out = "output_fused" if route.startswith("fused") else "output"
-    times, missing = _best_times(shape, route, env, cache_dir, ("kda_state_out", "state", out))
-    if missing:
-        return False, f"no tuned {missing}"
+    times = _times(shape, route, env, cache_dir, ("kda_state_out", "state", out), lent)
     pair = times["state"] + times[out]
     return times["kda_state_out"] < pair, f"kda_state_out {times['kda_state_out']:.1f} us vs state + {out} {pair:.1f} us"
 
 
-def _time_or_flags(shape, route: str, env: dict, cache_dir, kernel: str) -> float | None:
+def kda_one_pass_choice(shape, route: str, env: dict | None, cache_dir: Path | None = None) -> tuple[bool, str]:
+    """(one pass, why): True where the autotuner timed KDA's one-pass kernel (kda_state_out) below the state and
+    output kernels it replaces, for this shape key and route; needs all three entries current, on one GPU
+    (:func:`_one_machine`). H200: 519.4 against 299.2 + 242.8 us at h64_fixed (flag), 958.0 against 428.1 + 363.3
+    at h96_fixed, where its 192 programs are 1.45 waves; the fused_q form loses on all four kda-legacy6 keys
+    (docs/design.md)."""
+    if shape.family != "kda" or env is None or os.environ.get(DISABLE_ENV, "1") == "0":
+        return False, ""
+    return _one_machine(lambda lent: _one_pass(shape, route, env, cache_dir, lent), False)
+
+
+def _time_or_flags(shape, route: str, env: dict, cache_dir, kernel: str, lent: bool) -> float:
     """``kernel``'s tuned time on ``route``, else its plain counterpart's on flag (output for output_fused)."""
     for r, k in ((route, kernel), ("flag", "output" if kernel == "output_fused" else kernel)):
-        times, gap = _best_times(shape, r, env, cache_dir, (k,))
+        times, gap = _best_times(shape, r, env, cache_dir, (k,), lent)
         if gap is None:
             return times[k]
-    return None
+    raise _NoTime(kernel)
 
 
 def kda16_choice(shape, route: str, env: dict | None, cache_dir: Path | None = None) -> tuple[bool, str]:
     """(16-token form, why): True where the autotuner timed KDA's 16-token form (kda16_prep + kda16_loop,
     kernels/kda16.py) below the kernels it replaces - kda_intra (with the cumsum), wu, and state + output or
-    kda_state_out where that is chosen - for this shape key and route; bounded gates only, every entry current
-    on this machine.  A replaced kernel the route has no entry for runs at its default; flag's entry (the plain
-    variant, less work, tuned) stands in for it, erring toward the kernels replaced.  H200, h96_fixed, fused_qk:
-    tuned 987.2 + 694.2 us; the run's gpu median 2049.9 -> 1688 us (docs/design.md)."""
+    kda_state_out where that is chosen - for this shape key and route; bounded gates only, every entry current,
+    on one GPU (:func:`_one_machine`).  A replaced kernel the route has no entry for runs at its default; flag's
+    entry (the plain variant, less work, tuned) stands in for it, erring toward the kernels replaced.  H200,
+    h96_fixed, fused_qk: tuned 987.2 + 694.2 us; the run's gpu median 2049.9 -> 1688 us (docs/design.md)."""
     if shape.family != "kda" or shape.lower_bound is None or env is None or os.environ.get(DISABLE_ENV, "1") == "0":
         return False, ""
-    times, missing = _best_times(shape, route, env, cache_dir, KDA16_KERNELS)
-    if missing:
-        return False, f"no tuned {missing}"
-    one, _ = kda_one_pass_choice(shape, route, env, cache_dir)
-    rest = ("kda_state_out",) if one else ("state", "output_fused" if route.startswith("fused") else "output")
-    old = {kernel: _time_or_flags(shape, route, env, cache_dir, kernel) for kernel in ("kda_intra", "wu") + rest}
-    if None in old.values():
-        return False, f"no tuned {next(k for k, t in old.items() if t is None)}"
-    new, before = sum(times.values()), sum(old.values())
-    return new < before, f"kda16_prep + kda16_loop {new:.1f} us vs kda_intra + wu + {' + '.join(rest)} {before:.1f} us"
+
+    def choose(lent):
+        times = _times(shape, route, env, cache_dir, KDA16_KERNELS, lent)
+        one = kda_one_pass_choice(shape, route, env, cache_dir)[0]  # the pick the backend takes
+        rest = ("kda_state_out",) if one else ("state", "output_fused" if route.startswith("fused") else "output")
+        old = {k: _time_or_flags(shape, route, env, cache_dir, k, lent) for k in ("kda_intra", "wu") + rest}
+        new, before = sum(times.values()), sum(old.values())
+        return new < before, f"kda16_prep + kda16_loop {new:.1f} us vs kda_intra + wu + {' + '.join(rest)} {before:.1f} us"
+
+    return _one_machine(choose, False)
