@@ -195,7 +195,7 @@ def cache_summary(env: dict | None, cache_dir=None) -> str:
     borrows from NVIDIA H200 (151)'."""
     if env is None:
         return "none (no GPU)"
-    if os.environ.get(DISABLE_ENV, "1") == "0":
+    if tuning_off():
         return f"off ({DISABLE_ENV}=0)"
     want = Machine.of(env)
     counts: dict[str, int] = {}
@@ -208,6 +208,11 @@ def cache_summary(env: dict | None, cache_dir=None) -> str:
     own = counts.pop(want.gpu, 0)
     lend = ", ".join(f"{gpu} ({n})" for gpu, n in counts.items()) if borrowing() else ""
     return f"{own} for {want.gpu}" + (f"; borrows from {lend}" if lend else "")
+
+
+def tuning_off() -> bool:
+    """Whether `gdnbench run` ignores the cache (GDNBENCH_TUNED=0)."""
+    return os.environ.get(DISABLE_ENV, "1") == "0"
 
 
 def borrowing() -> bool:
@@ -233,7 +238,7 @@ def stale_kernels(shape, route: str, env: dict | None, cache_dir: Path | None = 
     """'kernel[variant]' for each kernel ``route`` may run whose only entries for this GPU and shape no longer
     match its code or Triton: the run ignores them and that kernel runs untuned, so a row names them (stale
     kda16_prep entries once took KDA's flag forward at h96_fixed from 1392 to 2181 us, the log silent)."""
-    if env is None or os.environ.get(DISABLE_ENV, "1") == "0":
+    if env is None or tuning_off():
         return []
     out = []
     for kernel in ROUTE_KERNELS[shape.family][route]:
@@ -305,7 +310,7 @@ def tuned_winners(shape, route: str, env: dict | None, cache_dir: Path | None = 
 
     elt = dtype_bytes(shape.dtype)
     cfg = default_config(shape.K, shape.V, elt, shape.family)
-    if env is None or os.environ.get(DISABLE_ENV, "1") == "0":
+    if env is None or tuning_off():
         return cfg, Winners()
     points, lenders = {}, {}
     for kernel in ROUTE_KERNELS[shape.family][route]:
@@ -380,7 +385,7 @@ def in_loop_choice(shape, route: str, env: dict | None, cache_dir: Path | None =
     segments timed as the geometric mean over both gate regimes: it wins on all five searched shapes (HV32 8K
     221.9 against 188.3 + 78.0 us, HV64 336.4 against 245.6 + 146.4, HV48 210.9 against 199.4 + 114.4;
     docs/design.md)."""
-    if shape.family != "gdn" or env is None or os.environ.get(DISABLE_ENV, "1") == "0":
+    if shape.family != "gdn" or env is None or tuning_off():
         return None, ""
 
     def choose(lent):
@@ -413,7 +418,7 @@ def kda_one_pass_choice(shape, route: str, env: dict | None, cache_dir: Path | N
     (:func:`_one_machine`). H200: 519.4 against 299.2 + 242.8 us at h64_fixed (flag), 958.0 against 428.1 + 363.3
     at h96_fixed, where its 192 programs are 1.45 waves; the fused_q form loses on all four kda-legacy6 keys
     (docs/design.md)."""
-    if shape.family != "kda" or env is None or os.environ.get(DISABLE_ENV, "1") == "0":
+    if shape.family != "kda" or env is None or tuning_off():
         return False, ""
     return _one_machine(lambda lent: _one_pass(shape, route, env, cache_dir, lent), False)
 
@@ -434,7 +439,7 @@ def kda16_choice(shape, route: str, env: dict | None, cache_dir: Path | None = N
     on one GPU (:func:`_one_machine`).  A replaced kernel the route has no entry for runs at its default; flag's
     entry (the plain variant, less work, tuned) stands in for it, erring toward the kernels replaced.  H200,
     h96_fixed, fused_qk: tuned 987.2 + 694.2 us; the run's gpu median 2049.9 -> 1688 us (docs/design.md)."""
-    if shape.family != "kda" or shape.lower_bound is None or env is None or os.environ.get(DISABLE_ENV, "1") == "0":
+    if shape.family != "kda" or shape.lower_bound is None or env is None or tuning_off():
         return False, ""
 
     def choose(lent):
