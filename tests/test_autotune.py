@@ -53,6 +53,35 @@ def test_space_has_maxnreg_caps_and_prunes_by_validate():
     assert space.is_valid(space.start)
     valid = space.valid_points()
     assert 0 < len(valid) < space.total
+    assert space.valid_points(limit=257) == valid[:257]  # a search asks for one more than it tries whole
+
+
+@pytest.mark.parametrize("kernel,K,V,dtype,family,variant", [
+    ("output", 256, 256, "float32", "gdn", "plain"), ("fused_out", 128, 128, "bfloat16", "gdn", "fused_qk"),
+    ("wu", 32, 16, "float32", "gdn", "plain"), ("l2norm", 100, 60, "float16", "kda", "plain"),
+    ("kda16_prep", 128, 128, "bfloat16", "kda", "fused_q"), ("aqk", 256, 128, "bfloat16", "gdn", "plain"),
+    ("state_out", 64, 64, "float16", "kda", "plain")])
+def test_a_spaces_validity_test_is_validate_of_the_whole_config(kernel, K, V, dtype, family, variant):
+    """build_space checks a point's kernel config alone (kernels.config.kernel_check); its verdict is validate()'s
+    on the whole config at a prime stride of points, about 2 500 a space (aqk at K 256: a form that cannot run, every point refused; GDN's
+    state_out under KDA: a kernel KDA does not launch, every point passed)."""
+    from gdnbench.kernels.config import default_config, validate
+    from gdnbench.vocab import dtype_bytes
+
+    space = at_space.build_space(kernel, K, V, dtype, family, variant)
+    base = default_config(K, V, dtype_bytes(dtype), family)
+    verdicts, stride = set(), next(p for p in (5, 199) if space.total // p <= 2600)
+    for i, point in enumerate(space.points()):
+        if i % stride:
+            continue
+        try:
+            validate(at_space.full_config(kernel, point, base), K, V, dtype_bytes(dtype), family)
+            whole = True
+        except ValueError:
+            whole = False
+        assert space.is_valid(point) == whole, point
+        verdicts.add(whole)
+    assert verdicts == {"aqk": {False}, "state_out": {True}}.get(kernel, {False, True})
 
 
 def test_start_point_is_the_default_config_and_blocks_are_clamped():

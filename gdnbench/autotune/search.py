@@ -126,7 +126,7 @@ def search(space: Space, evaluate: Evaluate, budget_s: float = DEFAULT_BUDGET_S,
            max_rounds: int = MAX_ROUNDS, batch: int = 32, seeds: list[Point] = ()) -> SearchResult:
     """Search ``space`` with ``evaluate``: exhaustive when small, else coordinate descent (from the
     fastest of the default and the valid ``seeds``)."""
-    valid = space.valid_points()
+    valid = space.valid_points(limit=exhaustive_max + 1)
     if len(valid) <= exhaustive_max:
         out = SearchResult("exhaustive", "done")
         run = _Run(space, evaluate, out, on_result)

@@ -5,11 +5,13 @@ from 16 up to the head size rounded up to a power of two: larger blocks are clam
 kernel to the same code), num_warps 1..16, num_stages 1..4 (1 for l2norm, which has no loop)
 and maxnreg: None (the compiler's choice) plus caps 64, 72, .., 248 (every multiple of 8 that
 ptxas accepts between 64 and 255); fused_out also its segments per sequence (1, 2, 4, 8) and
-split_v (at 4 or 8 segments), early_beta and beta_ahead, and under fused_qk k_rstd_tile; aqk early_gates; gram and aqk
-heads_first; kda16_prep
-also tf32_grams (its BK: the K channels a step), generic_t and, under the fused routes, mma_sums. Points that :func:`gdnbench.kernels.config.validate` (the same function the defaults pass)
-rejects - shared memory, block divisibility, register file - are pruned before anything runs. The other
-kernels keep the shape's default config.
+split_v (at 4 or 8 segments), early_beta and beta_ahead, and under fused_qk k_rstd_tile; aqk
+early_gates; gram and aqk heads_first; kda16_prep also tf32_grams (its BK: the K channels a
+step), generic_t and, under the fused routes, mma_sums. Points that
+:func:`gdnbench.kernels.config.validate` rejects (the same function the defaults pass, asked
+through :func:`~gdnbench.kernels.config.kernel_check`, its per-kernel part) - shared memory,
+block divisibility, register file - are pruned before anything runs. The other kernels keep
+the shape's default config.
 """
 
 from __future__ import annotations
@@ -103,8 +105,10 @@ class Space:
     def total(self) -> int:
         return math.prod(len(v) for _, v in self.dims)
 
-    def valid_points(self) -> list[Point]:
-        return [p for p in self.points() if self.is_valid(p)]
+    def valid_points(self, limit: int | None = None) -> list[Point]:
+        """The valid points in order, the first ``limit`` of them where given (a search only asks whether a space
+        is small enough to try whole: fused_out's has 512 000 points)."""
+        return list(itertools.islice((p for p in self.points() if self.is_valid(p)), limit))
 
     def pass_size(self) -> int:
         """Points one coordinate-descent pass visits at most."""
@@ -147,20 +151,21 @@ def _start_point(kernel: str, base, dims, K: int, V: int) -> Point:
 def build_space(kernel: str, K: int, V: int, dtype: str, family: str = "gdn", variant: str = "plain") -> Space:
     """The space of ``kernel``'s variant for head sizes K, V, a storage dtype and a family, pruned by validate()
     (KDA's kernels stream fp32 gate tiles too: their shared-memory estimates differ)."""
-    from ..kernels.config import default_config, validate
+    from ..kernels.config import default_config, kernel_check
 
     elt = dtype_bytes(dtype)
     base = default_config(K, V, elt, family)
     dims = dimensions(kernel, K, V, variant)
+    start = _start_point(kernel, base, dims, K, V)
+    why_not = kernel_check(full_config(kernel, start, base), kernel, K, V, elt, family)
 
     def is_valid(point: Point) -> bool:
         try:
-            validate(full_config(kernel, point, base), K, V, elt, family)
-        except (ValueError, TypeError):
+            return why_not(tuned.kernel_config(kernel, point)) is None
+        except TypeError:  # a point naming no field of the kernel's config
             return False
-        return True
 
-    return Space(kernel, dims, _start_point(kernel, base, dims, K, V), is_valid)
+    return Space(kernel, dims, start, is_valid)
 
 
 @functools.lru_cache(maxsize=None)
