@@ -63,8 +63,8 @@ def test_space_has_maxnreg_caps_and_prunes_by_validate():
     ("state_out", 64, 64, "float16", "kda", "plain")])
 def test_a_spaces_validity_test_is_validate_of_the_whole_config(kernel, K, V, dtype, family, variant):
     """build_space checks a point's kernel config alone (kernels.config.kernel_check); its verdict is validate()'s
-    on the whole config at a prime stride of points, about 2 500 a space (aqk at K 256: a form that cannot run, every point refused; GDN's
-    state_out under KDA: a kernel KDA does not launch, every point passed)."""
+    on the whole config, at a prime stride of points, about 2 500 a space (aqk at K 256: a form that cannot run,
+    every point refused; GDN's state_out under KDA: a kernel KDA does not launch, every point passed)."""
     from gdnbench.kernels.config import default_config, validate
     from gdnbench.vocab import dtype_bytes
 
