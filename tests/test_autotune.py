@@ -127,49 +127,6 @@ def test_fused_qk_loop_also_searches_where_k_rstd_comes_from():
         validate(GDNConfig(state_out=KernelConfig(BK=64, BV=32, k_rstd_tile=True)), 128, 128)
 
 
-def test_plain_loop_also_searches_where_the_gates_come_from():
-    """Only fused_out's plain variant has the c_tile dimension (the fused routes' loops read c_q's pairs anyway);
-    it comes first, at its default False; other kernels may not set it."""
-    from gdnbench.kernels.config import GDNConfig, KernelConfig, validate
-
-    plain = at_space.build_space("fused_out", 128, 128, "bfloat16", "gdn", "plain")
-    assert plain.dims[0] == ("c_tile", (False, True)) and plain.start["c_tile"] is False
-    assert plain.is_valid({**plain.start, "c_tile": True})
-    for variant in ("fused_q", "fused_qk"):
-        assert "c_tile" not in dict(at_space.build_space("fused_out", 128, 128, "bfloat16", "gdn", variant).dims)
-    with pytest.raises(ValueError, match="c_tile"):
-        validate(GDNConfig(aqk=KernelConfig(BK=64, c_tile=True)), 128, 128)
-
-
-def test_aqk_is_timed_writing_the_c_tile_where_the_plain_loop_reads_it(tmp_path, monkeypatch):
-    """explicit / flag's aqk candidates write the (c, c) tile when the forward they belong to would: the in-loop
-    form chosen and its loop's entry reading the gates from the tile; never under the fused routes."""
-    shape = _shape()
-
-    def save(kernel, t, best, route="flag"):
-        e = _entry(shape, kernel=kernel, variant=tuned.variant_of(kernel, route), best=best)
-        e["best"]["time_us"] = t
-        tuned.save_entry(tmp_path, e)
-
-    blocks = {"BK": 64, "BV": 64, "num_warps": 4, "num_stages": 2, "maxnreg": None}
-    save("state_out", 250.0, blocks)
-    save("wu", 100.0, blocks)
-    loop = {**blocks, "c_tile": True, "early_beta": False, "segments": 1, "split_v": False}
-    assert not tuned.loop_reads_c_tile(shape, "flag", ENV, tmp_path)  # no loop entry: no in-loop form
-    save("fused_out", 300.0, loop)
-    assert tuned.loop_reads_c_tile(shape, "flag", ENV, tmp_path)
-    assert tuned.loop_reads_c_tile(shape, "explicit", ENV, tmp_path)
-    assert not tuned.loop_reads_c_tile(shape, "flag", None, tmp_path)
-    monkeypatch.setattr(at_bench, "device_env", lambda: ENV)
-    worker = at_bench._Bench.__new__(at_bench._Bench)
-    worker.kda, worker.device, worker.shape, worker.cache_dir, worker._tiles = False, "cuda", shape, tmp_path, {}
-    assert [worker.aqk_writes_c_tile(r) for r in ("flag", "explicit", "fused_q")] == [True, True, False]
-    save("fused_out", 300.0, {**loop, "c_tile": False})
-    assert not tuned.loop_reads_c_tile(shape, "flag", ENV, tmp_path)
-    save("fused_out", 400.0, loop)  # slower than the pair it replaces: not the form that runs
-    assert not tuned.loop_reads_c_tile(shape, "flag", ENV, tmp_path)
-
-
 def test_kda16_prep_searches_its_step_and_where_the_fused_sums_come_from():
     """kda16_prep searches BK (its K channels a step) in every variant and mma_sums under the fused routes only (the
     plain variant takes no sums); other kernels may not set mma_sums."""
@@ -696,7 +653,7 @@ def test_aqk_is_timed_writing_k_q_where_the_fused_qk_loop_reads_it(tmp_path, mon
     # the worker asks per route: an earlier variant's search (fused_q: no tile) leaves fused_qk's answer alone
     monkeypatch.setattr(at_bench, "device_env", lambda: ENV)
     worker = at_bench._Bench.__new__(at_bench._Bench)
-    worker.kda, worker.device, worker.shape, worker.cache_dir, worker._tiles = False, "cuda", shape, tmp_path, {}
+    worker.kda, worker.device, worker.shape, worker.cache_dir, worker._k_tile = False, "cuda", shape, tmp_path, {}
     assert [worker.aqk_writes_k_tile(r) for r in ("plain", "fused_q", "fused_qk")] == [False, False, True]
     save("fused_out", 300.0, {**loop, "k_rstd_tile": False})
     assert not tuned.loop_reads_k_tile(shape, "fused_qk", ENV, tmp_path)

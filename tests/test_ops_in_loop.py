@@ -133,43 +133,6 @@ def test_k_rstd_tile_is_the_same_loop(seg, dtype):
     assert all(rel_rms(a, b) < AGREE[dtype] for a, b in zip(vec, tile)), [rel_rms(a, b) for a, b in zip(vec, tile)]
 
 
-@pytest.mark.parametrize("seg,dtype,norm", [(1, torch.float32, "flag"), (4, torch.float32, "none"),
-                                            (2, torch.float16, "flag")])
-def test_c_tile_is_the_same_loop(monkeypatch, seg, dtype, norm):
-    """explicit / flag's c_tile reads the gates from aqk's (c, c) pair tile, not as a vector HV apart: the same
-    outputs bit for bit (exp2(c + log2 1) = exp2(c)), varlen, GVA 2, an initial state, in one segment and in several;
-    aqk writes the tile only where the loop reads it."""
-    cu = torch.tensor([0, 37, 37, 101, 131], dtype=torch.int64)
-    q, k, v, g, beta, s0 = make_inputs(1, 131, 2, 4, 32, 48, dtype, n_seqs=4, h0=True, seed=8)
-    if norm == "none":
-        q, k = l2norm(q), l2norm(k)
-    loop = KernelConfig(BV=16, num_warps=2, segments=seg, split_v=seg == 4)
-    new, _ = configs(32, 48, dtype, "wu", fused_out=loop)
-    vec = chunk_gdn(q, k, v, g, beta, initial_state=s0, output_final_state=True, cu_seqlens=cu, norm=norm,
-                    config=new)
-    asked = []
-    real = ops.chunk_aqk
-    monkeypatch.setattr(ops, "chunk_aqk", lambda *a, **kw: asked.append(kw["c_tile"]) or real(*a, **kw))
-    tile = check(norm, dtype, q, k, v, g, beta, s0, cu,
-                 config=dataclasses.replace(new, fused_out=dataclasses.replace(loop, c_tile=True)))
-    assert all(torch.equal(a, b) for a, b in zip(vec, tile))
-    assert asked == [True]
-
-
-def test_c_tile_pairs_are_c_twice():
-    """chunk_aqk's c_tile writes c_q as (c, c) for every row and value head, with Aqk as without it."""
-    q, k, v, g, beta, _ = make_inputs(1, 100, 2, 4, 32, 16, torch.float32, seed=5)
-    q, k = l2norm(q), l2norm(k)
-    g_cs = torch.cumsum(g, 1) * 1.4426950408889634  # any fp32 [B,T,HV] stands in for the chunk-local cumsum
-    a0, c0, _ = ops.chunk_aqk(q, k, g_cs)
-    a1, pairs, _ = ops.chunk_aqk(q, k, g_cs, c_tile=True)
-    assert c0 is None and torch.equal(a0, a1)
-    by_token = ops.pairs_by_token(pairs, 1, 100)
-    assert torch.equal(by_token[..., 0], g_cs) and torch.equal(by_token[..., 1], g_cs)
-    with pytest.raises(ValueError, match="c_tile"):
-        ops.chunk_aqk(q, k, g_cs, fuse_q=True, c_tile=True)
-
-
 @pytest.mark.filterwarnings("ignore:overflow encountered", "ignore:invalid value encountered")
 def test_k_rstd_tile_huge_rows_finite():
     """k_rstd_tile with fp32 q and k rows of 1e30: log2 of k's rstd (about -100) in the tile, not the rstd alone."""

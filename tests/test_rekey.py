@@ -95,19 +95,16 @@ def test_the_compile_child_imports_a_relative_old_tree_by_its_absolute_path(tmp_
 
 def test_every_path_that_launches_a_kernel_is_compiled():
     """aqk runs in the one-pass path and in the in-loop one (under fused_qk with k's rstd on Aqk's columns, and with
-    the k tile where the loop reads it; under explicit / flag with the (c, c) tile where the loop reads it): each is
-    compiled, so an edit to any of them leaves the entry stale."""
+    the k tile where the loop reads it): each is compiled, so an edit to any of them leaves the entry stale."""
     from gdnbench.kernels import ops, tuned
 
     cfg = ops.default_config(128, 128, 2)
-    forms = lambda kernel, route: [(c.one_pass, c.in_loop, c.fused_out.k_rstd_tile, c.fused_out.c_tile)
+    forms = lambda kernel, route: [(c.one_pass, c.in_loop, c.fused_out.k_rstd_tile)
                                    for c in rekey.run_paths(kernel, "gdn", route, cfg, tuned)]
-    assert forms("aqk", "fused_qk") == [(True, None, False, False), (True, "wu", False, False),
-                                        (True, "wu", True, False)]
-    assert forms("aqk", "fused_q") == [(True, None, False, False), (True, "wu", False, False)]
-    assert forms("aqk", "flag") == [(True, None, False, False), (True, "wu", False, False), (True, "wu", False, True)]
-    assert forms("fused_out", "fused_qk") == [(True, "wu", False, False)]
-    assert forms("gram", "fused_qk") == [(False, None, False, False)]
+    assert forms("aqk", "fused_qk") == [(True, None, False), (True, "wu", False), (True, "wu", True)]
+    assert forms("aqk", "fused_q") == [(True, None, False), (True, "wu", False)]
+    assert forms("fused_out", "fused_qk") == [(True, "wu", False)]
+    assert forms("gram", "fused_qk") == [(False, None, False)]
     kda = ops.default_config(128, 128, 2, "kda")
     assert rekey.run_paths("kda_state_out", "kda", "flag", kda, tuned)[0].one_pass is True
     assert rekey.run_paths("kda16_prep", "kda", "flag", kda, tuned)[0].kda_chunk16 is True

@@ -26,7 +26,7 @@ from ..backends.base import one_line
 from ..bench.protocol import serve
 from ..data.shapes import GATE_REGIMES
 from ..kernels.cache_key import KERNEL_FUNCTIONS, device_env, device_identity
-from ..kernels.tuned import loop_reads_c_tile, loop_reads_k_tile
+from ..kernels.tuned import loop_reads_k_tile
 from .space import dtype_bytes, full_config, Point
 
 
@@ -73,25 +73,17 @@ class _Bench:
         self._default_o: dict[str, object] = {}
         self._stage: dict[str, dict] = {}
         self.cache_dir = Path(spec["cache_dir"]) if spec.get("cache_dir") else None
-        self._tiles: dict[tuple[str, str], bool] = {}  # (route, "k" or "c")
+        self._k_tile: dict[str, bool] = {}  # per route
 
     def aqk_writes_k_tile(self, route: str) -> bool:
         """Whether ``route``'s forward on this machine runs aqk writing the k_q tile (kernels/tuned.py,
         ``loop_reads_k_tile``): then aqk's candidates are timed writing it, as the forward runs them (32K, H200:
         132.9 us in a search without the store, 158.6 with it in a contract run)."""
-        return self._loop_reads(route, "k", loop_reads_k_tile)
-
-    def aqk_writes_c_tile(self, route: str) -> bool:
-        """Whether ``route``'s forward on this machine runs aqk writing the (c, c) tile its loop reads
-        (``loop_reads_c_tile``, explicit / flag): then aqk's candidates are timed writing it."""
-        return self._loop_reads(route, "c", loop_reads_c_tile)
-
-    def _loop_reads(self, route: str, which: str, reads) -> bool:
         if self.kda or self.device != "cuda":
             return False
-        if (route, which) not in self._tiles:
-            self._tiles[route, which] = reads(self.shape, route, device_env(), self.cache_dir)
-        return self._tiles[route, which]
+        if route not in self._k_tile:
+            self._k_tile[route] = loop_reads_k_tile(self.shape, route, device_env(), self.cache_dir)
+        return self._k_tile[route]
 
     def forward(self, inputs, route: str, cfg, on_launch=None):
         """The whole chunk_gdn / chunk_kda forward of a route, as the gdnbench backend runs it."""
@@ -149,17 +141,13 @@ class _Bench:
         out_k, out_rk, out_ssq = (None, None, None) if self.kda else (k, rk, ssq)
         h, vn, _ = ops.state_recurrence(state_k, w, u, g_cs, initial_state=h0,
                                         output_final_state=True, varlen=info, config=cfg)
-        # GDN's one pass: its own q k^T gram (and q's rstd under the fused routes) for state_out; explicit / flag
-        # also the (c, c) tile an in-loop candidate with c_tile reads
+        # GDN's one pass: its own q k^T gram (and q's rstd under the fused routes) for state_out
         a1, cq, kq = (None, None, None) if self.kda else ops.chunk_aqk(q, k, g_cs, fuse_q=fuse_q, ssq_k=ssq,
                                                                        rstd_k=rk, k_tile=rk is not None,
-                                                                       c_tile=not fuse_q, varlen=info, config=cfg)
-        c_pairs = None if fuse_q else cq
-        cq = cq if fuse_q else None
+                                                                       varlen=info, config=cfg)
         self._stage[route, gates] = dict(q=q, k=k, g_cs=g_cs, A=A, aqk=aqk, rk=rk, w=w, u=u, h0=h0, h=h, vn=vn,
                                          info=info, fuse_k=fuse_k, fuse_q=fuse_q, state_k=state_k,
-                                         out_k=out_k, out_rk=out_rk, out_ssq=out_ssq, a1=a1, cq=cq, kq=kq,
-                                         c_pairs=c_pairs)
+                                         out_k=out_k, out_rk=out_rk, out_ssq=out_ssq, a1=a1, cq=cq, kq=kq)
         return self._stage[route, gates]
 
     def kda16_tiles(self, route: str, gates: str | None = None) -> dict:
@@ -188,12 +176,10 @@ class _Bench:
                                                 initial_state=st["h0"], output_final_state=True, **run)
         if kernel == "aqk":
             return lambda: ops.chunk_aqk(st["q"], st["k"], st["g_cs"], fuse_q=st["fuse_q"], ssq_k=st["out_ssq"],
-                                         rstd_k=st["out_rk"], k_tile=self.aqk_writes_k_tile(route),
-                                         c_tile=self.aqk_writes_c_tile(route), **run)
+                                         rstd_k=st["out_rk"], k_tile=self.aqk_writes_k_tile(route), **run)
         if kernel == "fused_out":
-            cq = st["c_pairs"] if cfg.fused_out.c_tile and not st["fuse_q"] else st["cq"]
             return lambda: ops.state_output_in_loop(st["q"], st["k"], x.v, x.beta, st["g_cs"], st["A"], st["a1"],
-                                                    cq, st["rk"], st["kq"], scale=x.scale, initial_state=st["h0"],
+                                                    st["cq"], st["rk"], st["kq"], scale=x.scale, initial_state=st["h0"],
                                                     output_final_state=True, **run)
         if kernel == "kda_state_out":
             return lambda: ops.kda_state_output(st["q"], st["state_k"], st["w"], st["u"], st["g_cs"], st["aqk"],
@@ -282,8 +268,6 @@ class _Bench:
                                                                                         on_launch))
                     if kernel == "aqk" and self.aqk_writes_k_tile(route):
                         res["timing_method"] += ", writing the k_q tile (the loop's entry reads it)"
-                    if kernel == "aqk" and self.aqk_writes_c_tile(route):
-                        res["timing_method"] += ", writing the (c, c) tile (the loop's entry reads it)"
                 self._registers(res, seen.get(MAIN_FUNCTION[kernel]))
                 res["status"] = "ok"
         except Exception as e:  # a failing candidate is data

@@ -144,8 +144,7 @@ def launch_digests(kernel: str, shape: dict | None, route: str, point: dict, tok
 def run_paths(kernel: str, family: str, route: str, cfg, tuned) -> list:
     """The configs of every forward path that launches ``kernel`` (``cfg`` holds its point): an entry is carried
     only if each of them compiles to the same code.  GDN's aqk runs in the one-pass path and in the in-loop one,
-    where under fused_qk it also puts k's rstd on Aqk's columns and, when the loop reads it, writes the k tile
-    (under explicit / flag the (c, c) tile)."""
+    where under fused_qk it also puts k's rstd on Aqk's columns and, when the loop reads it, writes the k tile."""
     if family == "kda":
         if kernel == "kda_state_out":
             return [dataclasses.replace(cfg, one_pass=True)]
@@ -158,8 +157,6 @@ def run_paths(kernel: str, family: str, route: str, cfg, tuned) -> list:
         paths.append(loop)
         if route == "fused_qk" and hasattr(cfg.fused_out, "k_rstd_tile"):
             paths.append(dataclasses.replace(loop, fused_out=dataclasses.replace(cfg.fused_out, k_rstd_tile=True)))
-        if not route.startswith("fused") and hasattr(cfg.fused_out, "c_tile"):
-            paths.append(dataclasses.replace(loop, fused_out=dataclasses.replace(cfg.fused_out, c_tile=True)))
     return paths
 
 

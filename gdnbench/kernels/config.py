@@ -68,9 +68,6 @@ class KernelConfig:
     # fused_out under fused_qk only: k's rstd comes in a (c + log2 rstd, rstd) tile aqk_kernel writes, not as its own
     # [64] vector (kernels/fused_fwd.py)
     k_rstd_tile: bool = False
-    # fused_out under explicit / flag only: the gate cumsum c comes in a (c, c) pair tile aqk_kernel writes, as the
-    # fused routes' c_q, not as a [64] vector HV apart (kernels/fused_fwd.py)
-    c_tile: bool = False
     # aqk only: the chunk's gate rows (and k's rstd for fused_out's k_rstd_tile) loaded before q k^T's products,
     # not after them (kernels/state_out.py)
     early_gates: bool = False
@@ -324,7 +321,6 @@ _OWNED_FLAGS = {"tf32_grams": (("kda16_prep",), "forms tile grams"),
                 "early_beta": (("fused_out",), "has that load order"),
                 "beta_ahead": (("fused_out",), "has that load order"),
                 "k_rstd_tile": (("fused_out",), "reads k's rstd in a tile"),
-                "c_tile": (("fused_out",), "reads the gates in a tile"),
                 "early_gates": (("aqk",), "has that load order"),
                 "heads_first": (("gram", "aqk"), "order their grid by head")}
 

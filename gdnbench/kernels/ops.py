@@ -407,7 +407,7 @@ def one_pass(config: GDNConfig, K: int, HV: int, tokens: int, longest: int) -> b
     return HV * tokens >= ONE_PASS_MIN_STREAMS * max(longest, 1)
 
 
-def chunk_aqk(q, k, g_cs, *, fuse_q=False, ssq_k=None, rstd_k=None, k_tile=False, c_tile=False, varlen=None,
+def chunk_aqk(q, k, g_cs, *, fuse_q=False, ssq_k=None, rstd_k=None, k_tile=False, varlen=None,
               config: GDNConfig = DEFAULT_CONFIG, on_launch=None):
     """One-pass stage 3a (GDN): (Aqk [B,T,HV,64] = causal(q k^T * exp(g_i - g_j)) per chunk, unscaled,
     c_q (each row's gate cumsum c and c + log2 of q's row rstd) under fuse_q, else None, k_q (each row's
@@ -416,8 +416,7 @@ def chunk_aqk(q, k, g_cs, *, fuse_q=False, ssq_k=None, rstd_k=None, k_tile=False
     ``ssq_k``: under fused_qk (k raw), gram_solve's largest sum of squares of each chunk's k rows, which bounds
     the raw products.  ``rstd_k`` (the in-loop kernel's): Aqk's columns take k's rstd (Aqk on k's normalized
     rows), from the k tiles aqk loads, gram_solve's overflow-safe ``rstd_k`` on the rare path; ``k_tile``
-    writes k_q for ``k_rstd_tile``, ``c_tile`` (q normalized, not ``fuse_q``) c_q as (c, c) for the in-loop kernel's
-    ``c_tile``.  Aqk is in q's dtype, fp32 under fused_qk with fp16 storage (raw k may
+    writes k_q for ``k_rstd_tile``.  Aqk is in q's dtype, fp32 under fused_qk with fp16 storage (raw k may
     leave fp16's range).
 
     The pairs' layout puts the [64, 2 G] tile each program writes in one place.  In [B,T,HV,2], its rows lay
@@ -436,18 +435,16 @@ def chunk_aqk(q, k, g_cs, *, fuse_q=False, ssq_k=None, rstd_k=None, k_tile=False
         raise ValueError("chunk_aqk: rstd_k (raw k) needs ssq_k")
     if k_tile and rstd_k is None:
         raise ValueError("chunk_aqk: k_tile writes k's rstd: it needs rstd_k")
-    if c_tile and fuse_q:
-        raise ValueError("chunk_aqk: c_tile is the normalized-q form of fuse_q's c_q: not both")
     dtype = torch.float32 if fuse_k and q.dtype == torch.float16 else q.dtype
     aqk = torch.empty(B, T, HV, CHUNK_SIZE, device=q.device, dtype=dtype)
-    c_q = _pairs(B * T, H, HV, q.device) if fuse_q or c_tile else None
+    c_q = _pairs(B * T, H, HV, q.device) if fuse_q else None
     k_q = _pairs(B * T, H, HV, q.device) if k_tile else None
     cfg = config.aqk
     grid, first = _chunk_head_grid(cfg, n_grid, B * H)
     _launch(aqk_kernel, grid, cfg, q, k, g_cs, aqk, c_q, ssq_k, rstd_k, k_q, *_varlen_args(varlen), T,
             NT, H=H, HV=HV, K=K, BK=block(cfg.BK, K), BT=CHUNK_SIZE, IS_VARLEN=varlen is not None, FUSE_Q=fuse_q,
             FUSE_K=fuse_k, PREC=_precision(q.dtype), GP=next_pow2(HV // H), K_TILE=k_tile,
-            K_COLS=rstd_k is not None, EARLY=cfg.early_gates, HEADS_FIRST=first, C_PAIRS=c_tile, hooks=on_launch)
+            K_COLS=rstd_k is not None, EARLY=cfg.early_gates, HEADS_FIRST=first, hooks=on_launch)
     return aqk, c_q, k_q
 
 
@@ -490,8 +487,7 @@ def state_output_in_loop(q, k, v, beta, g_cs, A, aqk=None, c_q=None, rstd_k=None
     w h and u computed in the loop from :func:`gram_solve`'s A (no :func:`recompute_wu`), and q k^T too
     where ``aqk`` is None (no :func:`chunk_aqk`; q as given: norm none / flag).  ``rstd_k``: fused_qk's
     k rstd from gram_solve (k is raw), read from ``k_q`` (chunk_aqk's) where ``config.fused_out.k_rstd_tile``;
-    ``c_q``: fused_q's from chunk_aqk, or (q normalized) its (c, c) form where ``config.fused_out.c_tile``
-    (kernels/fused_fwd.py).
+    ``c_q``: fused_q's from chunk_aqk (kernels/fused_fwd.py).
     ``config.fused_out.segments`` > 1 cuts each sequence into that many programs (k's rows must be unit-norm);
     ``split_v`` gives a head that would wait for a segment's state those programs' V columns instead."""
     B, T, H, K = k.shape
@@ -576,20 +572,13 @@ def _reads_k_rstd_tile(config: GDNConfig, rstd_k) -> bool:
     return rstd_k is not None and config.fused_out.k_rstd_tile
 
 
-def _reads_c_tile(config: GDNConfig, fuse_q: bool) -> bool:
-    """Whether the in-loop kernel reads the gates from chunk_aqk's (c, c) pairs (q normalized,
-    ``config.fused_out.c_tile``); the fused routes' loop reads c_q's pairs anyway."""
-    return not fuse_q and config.fused_out.c_tile
-
-
 def _in_loop_forward(q, k, v, beta, g_cs, A, rstd_k, ssq_k, fuse_q, scale, initial_state, output_final_state, run):
     """GDN's forward after gram_solve under ``config.in_loop``: chunk_aqk unless "wu_aqk", then the loop.
     ``run``: every stage's varlen, config and on_launch."""
     aqk = c_q = k_q = None
     if run["config"].in_loop == "wu":
         tile = _reads_k_rstd_tile(run["config"], rstd_k)
-        aqk, c_q, k_q = chunk_aqk(q, k, g_cs, fuse_q=fuse_q, ssq_k=ssq_k, rstd_k=rstd_k, k_tile=tile,
-                                  c_tile=_reads_c_tile(run["config"], fuse_q), **run)
+        aqk, c_q, k_q = chunk_aqk(q, k, g_cs, fuse_q=fuse_q, ssq_k=ssq_k, rstd_k=rstd_k, k_tile=tile, **run)
     return state_output_in_loop(q, k, v, beta, g_cs, A, aqk, c_q, rstd_k, k_q, scale=scale,
                                 initial_state=initial_state, output_final_state=output_final_state, **run)
 

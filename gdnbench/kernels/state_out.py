@@ -85,7 +85,7 @@ def aqk_kernel(q, k, g_cs, aqk, c_q, ssq_k, rstd_k, k_q, cu_seqlens, chunk_indic
                H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, BK: tl.constexpr, BT: tl.constexpr,
                IS_VARLEN: tl.constexpr, FUSE_Q: tl.constexpr, FUSE_K: tl.constexpr, PREC: tl.constexpr,
                GP: tl.constexpr, K_TILE: tl.constexpr, K_COLS: tl.constexpr, EARLY: tl.constexpr,
-               HEADS_FIRST: tl.constexpr, C_PAIRS: tl.constexpr = False):
+               HEADS_FIRST: tl.constexpr):
     """Grid (chunks, B*H): Aqk = causal(q k^T * exp2(c_i - c_j)) of one chunk for the HV / H value heads
     that share q head i_h.  q k^T (and under FUSE_Q q's rstd) is formed once per q head; only the gates
     differ between its value heads (H200, gdn-qwen6, against one program per value head at tuned
@@ -102,7 +102,6 @@ def aqk_kernel(q, k, g_cs, aqk, c_q, ssq_k, rstd_k, k_q, cu_seqlens, chunk_indic
     (gram_solve's vector only on the rare path).
     K_TILE (under K_COLS): it also writes k_q (fp32 pairs), each row's (c + log2 r_k, r_k), in the same
     [64, 2 GP] tile form, for the in-loop kernel's k_rstd_tile (fused_fwd.py).
-    C_PAIRS (explicit / flag, for the in-loop kernel's c_tile): c_q's pairs as (c, c), q's rows being unit-norm.
 
     The rare path (a chunk with a q row whose sum of squares reached SSQ_BIG, or under FUSE_K a k row
     whose did: under K_COLS its own sums, else gram_solve's ssq_k) redoes the chunk with q's rows normalized
@@ -146,8 +145,6 @@ def aqk_kernel(q, k, g_cs, aqk, c_q, ssq_k, rstd_k, k_q, cu_seqlens, chunk_indic
                        i_h, H, HV, BT, GP, True, K_TILE, True, EARLY)
     else:
         r = m_t.to(tl.float32)
-        if C_PAIRS:  # q's rows are unit-norm: (c, c + log2 1)
-            r = tl.full([BT], 1.0, tl.float32)
         if FUSE_Q:
             rare = vec_max(ssq) >= SSQ_BIG
             if FUSE_K:
@@ -158,8 +155,8 @@ def aqk_kernel(q, k, g_cs, aqk, c_q, ssq_k, rstd_k, k_q, cu_seqlens, chunk_indic
             else:
                 r = 1.0 / tl.sqrt(ssq + L2_EPS)
                 b_s = b_s * r[:, None]
-        _aqk_store(b_s, r, r, c_g, g_cs, aqk, c_q, k_q, tok0, rows, m_t, i_h, H, HV, BT, GP, FUSE_Q or C_PAIRS, False,
-                   False, EARLY)
+        _aqk_store(b_s, r, r, c_g, g_cs, aqk, c_q, k_q, tok0, rows, m_t, i_h, H, HV, BT, GP, FUSE_Q, False, False,
+                   EARLY)
 
 
 @triton.jit(noinline=True)

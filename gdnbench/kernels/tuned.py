@@ -405,14 +405,6 @@ def loop_reads_k_tile(shape, route: str, env: dict | None, cache_dir: Path | Non
     return tuned_winners(shape, route, env, cache_dir)[0].fused_out.k_rstd_tile
 
 
-def loop_reads_c_tile(shape, route: str, env: dict | None, cache_dir: Path | None = None) -> bool:
-    """Whether ``route``'s tuned forward on this machine reads the gates from aqk's (c, c) tile: explicit or flag,
-    the in-loop form chosen (:func:`in_loop_choice`) and its loop's config asking for the tile (``c_tile``)."""
-    if route.startswith("fused") or in_loop_choice(shape, route, env, cache_dir)[0] != "wu":
-        return False
-    return tuned_winners(shape, route, env, cache_dir)[0].fused_out.c_tile
-
-
 def _one_pass(shape, route: str, env: dict, cache_dir, lent: bool) -> tuple[bool, str]:
     out = "output_fused" if route.startswith("fused") else "output"
     times = _times(shape, route, env, cache_dir, ("kda_state_out", "state", out), lent)
