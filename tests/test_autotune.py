@@ -631,8 +631,8 @@ def test_in_loop_choice_times_the_loop_against_the_pair_it_replaces(tmp_path):
     assert tuned.in_loop_choice(_kda_shape(), "flag", ENV, tmp_path) == (None, "")
 
 
-def test_aqk_is_timed_writing_k_q_where_the_fused_qk_loop_reads_it(tmp_path, monkeypatch):
-    """aqk's fused_qk candidates write the k_q tile when the forward they belong to would: the in-loop form chosen
+def test_aqk_is_timed_writing_quads_where_the_fused_qk_loop_reads_it(tmp_path, monkeypatch):
+    """aqk's fused_qk candidates write the quad tile when the forward they belong to would: the in-loop form chosen
     and its loop's entry reading k's rstd from the tile."""
     shape = _shape()
 
