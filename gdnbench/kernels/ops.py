@@ -513,7 +513,8 @@ def state_output_in_loop(q, k, v, beta, g_cs, A, aqk=None, c_q=None, rstd_k=None
             USE_H0=initial_state is not None, STORE_HT=output_final_state, FUSE_Q=c_q is not None,
             FUSE_K=rstd_k is not None, IN_LOOP_AQK=aqk is None, PREC=_precision(k.dtype), PIECE=state_piece(cfg, K),
             SEG=seg, THRESH=WARM_UP_LOG2, SPLIT_V=cfg.split_v, BVS=split_width(BV, seg) if cfg.split_v else BV,
-            EARLY_BETA=cfg.early_beta and not cfg.beta_ahead, K_TILE=tile, BETA_AHEAD=cfg.beta_ahead, hooks=on_launch)
+            EARLY_BETA=cfg.early_beta and not cfg.beta_ahead, K_TILE=tile, BETA_AHEAD=cfg.beta_ahead,
+            C_LAST_TILE=tile and cfg.c_last_from_tile, hooks=on_launch)
     return o, ht
 
 
