@@ -70,7 +70,7 @@ def test_a_spaces_validity_test_is_validate_of_the_whole_config(kernel, K, V, dt
 
     space = at_space.build_space(kernel, K, V, dtype, family, variant)
     base = default_config(K, V, dtype_bytes(dtype), family)
-    verdicts, stride = set(), next(p for p in (5, 199) if space.total // p <= 2600)
+    verdicts, stride = set(), next(p for p in (5, 199, 409) if space.total // p <= 2600)
     for i, point in enumerate(space.points()):
         if i % stride:
             continue
@@ -114,17 +114,23 @@ def test_spaces_at_head_sizes_not_multiples_of_16(K, V):
 
 
 def test_fused_qk_loop_also_searches_where_k_rstd_comes_from():
-    """Only fused_out's fused_qk variant has the k_rstd_tile dimension (the other variants compile the same code
-    either way); it comes first, at its default False; other kernels may not set it."""
+    """Only fused_out's fused_qk variant has the k_rstd_tile and c_last_from_tile dimensions (the other variants
+    compile the same code either way); they come first, at their default False, c_last_from_tile valid with the tile
+    only; other kernels may set neither."""
     from gdnbench.kernels.config import GDNConfig, KernelConfig, validate
 
     qk = at_space.build_space("fused_out", 128, 128, "bfloat16", "gdn", "fused_qk")
-    assert qk.dims[0] == ("k_rstd_tile", (False, True)) and qk.start["k_rstd_tile"] is False
+    assert qk.dims[:2] == [("k_rstd_tile", (False, True)), ("c_last_from_tile", (False, True))]
+    assert qk.start["k_rstd_tile"] is False and qk.start["c_last_from_tile"] is False
     assert qk.is_valid({**qk.start, "k_rstd_tile": True})
+    assert qk.is_valid({**qk.start, "k_rstd_tile": True, "c_last_from_tile": True})
+    assert not qk.is_valid({**qk.start, "c_last_from_tile": True})  # c_last comes from the tile
     for variant in ("plain", "fused_q"):
-        assert "k_rstd_tile" not in dict(at_space.build_space("fused_out", 128, 128, "bfloat16", "gdn", variant).dims)
-    with pytest.raises(ValueError, match="k_rstd_tile"):
-        validate(GDNConfig(state_out=KernelConfig(BK=64, BV=32, k_rstd_tile=True)), 128, 128)
+        dims = dict(at_space.build_space("fused_out", 128, 128, "bfloat16", "gdn", variant).dims)
+        assert "k_rstd_tile" not in dims and "c_last_from_tile" not in dims
+    for flag in ("k_rstd_tile", "c_last_from_tile"):
+        with pytest.raises(ValueError, match=flag):
+            validate(GDNConfig(state_out=KernelConfig(BK=64, BV=32, **{flag: True})), 128, 128)
 
 
 def test_kda16_prep_searches_its_step_and_where_the_fused_sums_come_from():
@@ -631,8 +637,8 @@ def test_in_loop_choice_times_the_loop_against_the_pair_it_replaces(tmp_path):
     assert tuned.in_loop_choice(_kda_shape(), "flag", ENV, tmp_path) == (None, "")
 
 
-def test_aqk_is_timed_writing_k_q_where_the_fused_qk_loop_reads_it(tmp_path, monkeypatch):
-    """aqk's fused_qk candidates write the k_q tile when the forward they belong to would: the in-loop form chosen
+def test_aqk_is_timed_writing_quads_where_the_fused_qk_loop_reads_it(tmp_path, monkeypatch):
+    """aqk's fused_qk candidates write the quad tile when the forward they belong to would: the in-loop form chosen
     and its loop's entry reading k's rstd from the tile."""
     shape = _shape()
 

@@ -118,8 +118,8 @@ def test_beta_load_orders_are_the_same_loop(form, norm, seg):
 
 @pytest.mark.parametrize("seg,dtype", [(1, torch.float32), (4, torch.float32), (2, torch.float16)])
 def test_k_rstd_tile_is_the_same_loop(seg, dtype):
-    """fused_qk's k_rstd_tile reads k's rstd from aqk's k_q tile, as (c + log2 r, r), not as its own vector: within
-    rounding of the vector form (exp2(c + log2 r) against exp2(c) r) and of the fp64 recurrence, varlen, GVA 2,
+    """fused_qk's k_rstd_tile reads k's rstd from aqk's quads, as (c + log2 r, r) beside c_q's pair, not as its own
+    vector: within rounding of the vector form (exp2(c + log2 r) against exp2(c) r) and of the fp64 recurrence, varlen, GVA 2,
     an initial state, in one segment and in several."""
     cu = torch.tensor([0, 37, 37, 101, 131], dtype=torch.int64)
     q, k, v, g, beta, s0 = make_inputs(1, 131, 2, 4, 32, 48, dtype, n_seqs=4, h0=True, seed=8)
@@ -131,6 +131,25 @@ def test_k_rstd_tile_is_the_same_loop(seg, dtype):
     tile = check("fused_qk", dtype, q, k, v, g, beta, s0, cu,
                  config=dataclasses.replace(new, fused_out=dataclasses.replace(loop, k_rstd_tile=True)))
     assert all(rel_rms(a, b) < AGREE[dtype] for a, b in zip(vec, tile)), [rel_rms(a, b) for a, b in zip(vec, tile)]
+
+
+@pytest.mark.parametrize("seg,dtype", [(1, torch.float32), (4, torch.float32), (2, torch.float16)])
+def test_c_last_from_tile_is_the_same_loop(seg, dtype):
+    """c_last_from_tile takes each chunk's last gate cumsum from the k tile's c rows, not a load of its own: the
+    same outputs bitwise, varlen (a partial last chunk, an empty sequence), GVA 2, an initial state, one to four
+    segments; without the tile it is refused."""
+    cu = torch.tensor([0, 37, 37, 101, 131], dtype=torch.int64)
+    q, k, v, g, beta, s0 = make_inputs(1, 131, 2, 4, 32, 48, dtype, n_seqs=4, h0=True, seed=8)
+    loop = KernelConfig(BV=16, num_warps=2, segments=seg, split_v=seg == 4, k_rstd_tile=True)
+    new, _ = configs(32, 48, dtype, "wu", fused_out=loop)
+    load = chunk_gdn(q, k, v, g, beta, initial_state=s0, output_final_state=True, cu_seqlens=cu, norm="fused_qk",
+                     config=new)
+    summed = check("fused_qk", dtype, q, k, v, g, beta, s0, cu,
+                   config=dataclasses.replace(new, fused_out=dataclasses.replace(loop, c_last_from_tile=True)))
+    assert all(torch.equal(a, b) for a, b in zip(load, summed))
+    with pytest.raises(ValueError, match="c_last_from_tile"):
+        chunk_gdn(q, k, v, g, beta, norm="fused_qk", cu_seqlens=cu, config=dataclasses.replace(
+            new, fused_out=dataclasses.replace(loop, k_rstd_tile=False, c_last_from_tile=True)))
 
 
 @pytest.mark.filterwarnings("ignore:overflow encountered", "ignore:invalid value encountered")
@@ -151,7 +170,7 @@ def test_k_rstd_tile_huge_rows_finite():
 def test_aqk_rare_call_varlen_gva(monkeypatch, tile, blackwell):
     """aqk's rare path under fused_qk, a non-inlined call (state_out._aqk_rare) that does the chunk's stores itself,
     inlined where cuda_capability_geq(10) (blackwell: that branch taken): huge q and k rows (1e30, fp32) in chunks
-    of both key heads, GVA 3 (its pair tiles padded to 4), varlen, an initial state, with and without the k tile;
+    of both key heads, GVA 3 (its factor tiles padded to 4), varlen, an initial state, with and without the k tile;
     the chunks without huge rows take the main path."""
     asked = []
     if blackwell:

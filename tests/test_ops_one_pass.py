@@ -209,9 +209,8 @@ def test_aqk_one_program_per_q_head(H, HV, fuse_q):
     q = torch.randn(1, 165, H, 32, generator=gen)
     k = ops.l2norm(torch.randn(1, 165, H, 32, generator=gen))
     g_cs = -torch.rand(1, 165, HV, generator=gen).cumsum(1) * 0.1
-    aqk, c_q, k_q = ops.chunk_aqk(q, k, g_cs, fuse_q=fuse_q, varlen=prepare_varlen(cu),
-                                  config=forced(32, 16, torch.float32, aqk=KernelConfig(BK=16)))
-    assert k_q is None
+    aqk, c_q = ops.chunk_aqk(q, k, g_cs, fuse_q=fuse_q, varlen=prepare_varlen(cu),
+                             config=forced(32, 16, torch.float32, aqk=KernelConfig(BK=16)))
     want, want_cq = aqk_reference(q, k, g_cs, cu, fuse_q)
     assert torch.allclose(aqk[0].double(), want, atol=1e-5, rtol=1e-5)
     if fuse_q:
@@ -230,18 +229,19 @@ def _aqk_inputs(H, HV, seed):
 
 
 @pytest.mark.parametrize("H,HV", [(2, 8), (2, 6)])
-def test_aqk_k_rstd_columns_and_pairs(H, HV):
+def test_aqk_k_rstd_columns_and_quads(H, HV):
     """Under fused_qk with gram_solve's rstd_k, aqk's Aqk columns take k's rstd (Aqk on normalized k, for the in-loop
-    kernel) and k_tile also writes k_q: each row's (c + log2 rstd(k), rstd(k)) per value head (GVA 4, and 3 in a
-    tile of 4), for its k_rstd_tile; c_q is as without them."""
+    kernel) and k_tile writes quads: each row's c_q pair, then (c + log2 rstd(k), rstd(k)), per value head (GVA 4,
+    and 3 in a tile of 4), for its k_rstd_tile; the pairs are as without them."""
     q, k, g, beta, info = _aqk_inputs(H, HV, 5)
     run = dict(varlen=info, config=forced(32, 16, torch.float32, aqk=KernelConfig(BK=16)))
     g_cs, _, rstd_k, ssq_k = ops.gram_solve(k, g, beta, fuse_k=True, **run)
-    aqk, c_q, k_q = ops.chunk_aqk(q, k, g_cs, fuse_q=True, ssq_k=ssq_k, rstd_k=rstd_k, k_tile=True, **run)
-    cols, c_q1, none = ops.chunk_aqk(q, k, g_cs, fuse_q=True, ssq_k=ssq_k, rstd_k=rstd_k, **run)
-    raw, c_q0, _ = ops.chunk_aqk(q, k, g_cs, fuse_q=True, ssq_k=ssq_k, **run)
-    c_q, c_q0, c_q1, k_q = (ops.pairs_by_token(x, 1, 165) for x in (c_q, c_q0, c_q1, k_q))
-    assert none is None and torch.equal(aqk, cols) and torch.equal(c_q, c_q0) and torch.equal(c_q1, c_q0)
+    aqk, quads = ops.chunk_aqk(q, k, g_cs, fuse_q=True, ssq_k=ssq_k, rstd_k=rstd_k, k_tile=True, **run)
+    cols, c_q1 = ops.chunk_aqk(q, k, g_cs, fuse_q=True, ssq_k=ssq_k, rstd_k=rstd_k, **run)
+    raw, c_q0 = ops.chunk_aqk(q, k, g_cs, fuse_q=True, ssq_k=ssq_k, **run)
+    quads, c_q0, c_q1 = (ops.pairs_by_token(x, 1, 165) for x in (quads, c_q0, c_q1))
+    assert quads.shape[-1] == 4 and c_q1.shape[-1] == 2
+    assert torch.equal(aqk, cols) and torch.equal(quads[..., :2], c_q0) and torch.equal(c_q1, c_q0)
     rk = k[0].double().pow(2).sum(-1).add(1e-6).rsqrt().repeat_interleave(HV // H, dim=1)  # [T, HV]
     n = info.cu_seqlens.tolist()
     for s0, s1 in zip(n[:-1], n[1:]):  # each chunk's columns, per value head
@@ -250,7 +250,7 @@ def test_aqk_k_rstd_columns_and_pairs(H, HV):
             want = raw[0, c0:c1, :, : c1 - c0].double() * rk[c0:c1].T[None]
             assert torch.allclose(aqk[0, c0:c1, :, : c1 - c0].double(), want, atol=1e-5, rtol=1e-4)
     want = torch.stack([g_cs[0].double() + torch.log2(rk), rk], -1)
-    assert torch.allclose(k_q[0].double(), want, atol=1e-5, rtol=1e-5)
+    assert torch.allclose(quads[0, ..., 2:].double(), want, atol=1e-5, rtol=1e-5)
     with pytest.raises(ValueError, match="rstd_k"):
         ops.chunk_aqk(q, k, g_cs, fuse_q=True, rstd_k=rstd_k, **run)
     with pytest.raises(ValueError, match="rstd_k"):
@@ -258,15 +258,15 @@ def test_aqk_k_rstd_columns_and_pairs(H, HV):
 
 
 def _written(outs):
-    """chunk_aqk's (Aqk, c_q, k_q) with the pairs viewed by token (the padding rows of their last block are never
+    """chunk_aqk's (Aqk, c_q) with the row factors viewed by token (the padding rows of their last block are never
     written)."""
     return [outs[0]] + [None if x is None else ops.pairs_by_token(x, 1, 165) for x in outs[1:]]
 
 
 @pytest.mark.parametrize("H,HV", [(2, 2), (2, 6)])
 def test_aqk_early_gates_is_the_same_kernel(H, HV):
-    """KernelConfig.early_gates (aqk's gate rows, and k's rstd for k_q, loaded before q k^T) changes when aqk loads,
-    not what it writes: Aqk, c_q and k_q bitwise equal to the default order, plain / fused_q / fused_qk with k_q,
+    """KernelConfig.early_gates (aqk's gate rows, and k's rstd for the quads, loaded before q k^T) changes when aqk
+    loads, not what it writes: Aqk and c_q bitwise equal to the default order, plain / fused_q / fused_qk with quads,
     GVA 1 and 3 (in a tile of 4), varlen with tails; other kernels may not set it."""
     from gdnbench.kernels.config import validate
 
@@ -289,7 +289,7 @@ def test_aqk_early_gates_is_the_same_kernel(H, HV):
 @pytest.mark.parametrize("H,HV", [(2, 2), (2, 6)])
 def test_heads_first_is_the_same_kernel(H, HV):
     """KernelConfig.heads_first (gram_solve's and aqk's grid ordered by head) changes which programs run together,
-    not what they write: g_cs, A, rstd_k, ssq_k and Aqk, c_q, k_q bitwise equal to the chunk-first grid, plain and
+    not what they write: g_cs, A, rstd_k, ssq_k and Aqk, c_q's quads bitwise equal to the chunk-first grid, plain and
     fused_qk, varlen with tails and an empty sequence, and a dense batch of two; other kernels may not set it."""
     from gdnbench.kernels.config import validate
 
@@ -304,8 +304,8 @@ def test_heads_first_is_the_same_kernel(H, HV):
             run = dict(varlen=info, config=config)
             g_cs, A, rstd_k, ssq_k = ops.gram_solve(k, g, beta, fuse_k=True, **run)
             g_n, A_n, _, _ = ops.gram_solve(l2norm(k), g, beta, **run)
-            aqk, c_q, k_q = ops.chunk_aqk(q, k, g_cs, fuse_q=True, ssq_k=ssq_k, rstd_k=rstd_k, k_tile=True, **run)
-            written = [aqk] + [ops.pairs_by_token(x, q.shape[0], q.shape[1]) for x in (c_q, k_q)]
+            aqk, c_q = ops.chunk_aqk(q, k, g_cs, fuse_q=True, ssq_k=ssq_k, rstd_k=rstd_k, k_tile=True, **run)
+            written = [aqk, ops.pairs_by_token(c_q, q.shape[0], q.shape[1])]
             plain = ops.chunk_aqk(l2norm(q), l2norm(k), g_n, **run)[0]
             outs.append([g_cs, A, rstd_k, ssq_k, g_n, A_n, *written, plain])
         for x, y in zip(*outs):

@@ -76,7 +76,7 @@ class _Bench:
         self._k_tile: dict[str, bool] = {}  # per route
 
     def aqk_writes_k_tile(self, route: str) -> bool:
-        """Whether ``route``'s forward on this machine runs aqk writing the k_q tile (kernels/tuned.py,
+        """Whether ``route``'s forward on this machine runs aqk writing the quad tile (kernels/tuned.py,
         ``loop_reads_k_tile``): then aqk's candidates are timed writing it, as the forward runs them (32K, H200:
         132.9 us in a search without the store, 158.6 with it in a contract run)."""
         if self.kda or self.device != "cuda":
@@ -142,12 +142,16 @@ class _Bench:
         h, vn, _ = ops.state_recurrence(state_k, w, u, g_cs, initial_state=h0,
                                         output_final_state=True, varlen=info, config=cfg)
         # GDN's one pass: its own q k^T gram (and q's rstd under the fused routes) for state_out
-        a1, cq, kq = (None, None, None) if self.kda else ops.chunk_aqk(q, k, g_cs, fuse_q=fuse_q, ssq_k=ssq,
-                                                                       rstd_k=rk, k_tile=rk is not None,
-                                                                       varlen=info, config=cfg)
+        a1, cq = (None, None) if self.kda else ops.chunk_aqk(q, k, g_cs, fuse_q=fuse_q, ssq_k=ssq, rstd_k=rk,
+                                                             varlen=info, config=cfg)
+        # fused_qk: the quads the loop's k_rstd_tile reads (q's pairs and k's rstd in one tile)
+        cq4 = None
+        if not self.kda and rk is not None:
+            cq4 = ops.chunk_aqk(q, k, g_cs, fuse_q=fuse_q, ssq_k=ssq, rstd_k=rk, k_tile=True, varlen=info,
+                                config=cfg)[1]
         self._stage[route, gates] = dict(q=q, k=k, g_cs=g_cs, A=A, aqk=aqk, rk=rk, w=w, u=u, h0=h0, h=h, vn=vn,
                                          info=info, fuse_k=fuse_k, fuse_q=fuse_q, state_k=state_k,
-                                         out_k=out_k, out_rk=out_rk, out_ssq=out_ssq, a1=a1, cq=cq, kq=kq)
+                                         out_k=out_k, out_rk=out_rk, out_ssq=out_ssq, a1=a1, cq=cq, cq4=cq4)
         return self._stage[route, gates]
 
     def kda16_tiles(self, route: str, gates: str | None = None) -> dict:
@@ -178,8 +182,9 @@ class _Bench:
             return lambda: ops.chunk_aqk(st["q"], st["k"], st["g_cs"], fuse_q=st["fuse_q"], ssq_k=st["out_ssq"],
                                          rstd_k=st["out_rk"], k_tile=self.aqk_writes_k_tile(route), **run)
         if kernel == "fused_out":
+            cq = st["cq4"] if st["rk"] is not None and cfg.fused_out.k_rstd_tile else st["cq"]
             return lambda: ops.state_output_in_loop(st["q"], st["k"], x.v, x.beta, st["g_cs"], st["A"], st["a1"],
-                                                    st["cq"], st["rk"], st["kq"], scale=x.scale, initial_state=st["h0"],
+                                                    cq, st["rk"], scale=x.scale, initial_state=st["h0"],
                                                     output_final_state=True, **run)
         if kernel == "kda_state_out":
             return lambda: ops.kda_state_output(st["q"], st["state_k"], st["w"], st["u"], st["g_cs"], st["aqk"],
@@ -267,7 +272,7 @@ class _Bench:
                     res["time_us"], res["timing_method"] = self.time_us(self.stage_call(kernel, route, cfg,
                                                                                         on_launch))
                     if kernel == "aqk" and self.aqk_writes_k_tile(route):
-                        res["timing_method"] += ", writing the k_q tile (the loop's entry reads it)"
+                        res["timing_method"] += ", writing the quad tile (the loop's entry reads it)"
                 self._registers(res, seen.get(MAIN_FUNCTION[kernel]))
                 res["status"] = "ok"
         except Exception as e:  # a failing candidate is data

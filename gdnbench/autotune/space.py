@@ -5,9 +5,9 @@ from 16 up to the head size rounded up to a power of two: larger blocks are clam
 kernel to the same code), num_warps 1..16, num_stages 1..4 (1 for l2norm, which has no loop)
 and maxnreg: None (the compiler's choice) plus caps 64, 72, .., 248 (every multiple of 8 that
 ptxas accepts between 64 and 255); fused_out also its segments per sequence (1, 2, 4, 8) and
-split_v (at 4 or 8 segments), early_beta and beta_ahead, and under fused_qk k_rstd_tile; aqk
-early_gates; gram and aqk heads_first; kda16_prep also tf32_grams (its BK: the K channels a
-step), generic_t and, under the fused routes, mma_sums. Points that
+split_v (at 4 or 8 segments), early_beta and beta_ahead, and under fused_qk k_rstd_tile and
+c_last_from_tile; aqk early_gates; gram and aqk heads_first; kda16_prep also tf32_grams (its BK:
+the K channels a step), generic_t and, under the fused routes, mma_sums. Points that
 :func:`gdnbench.kernels.config.validate` rejects (the same function the defaults pass, asked
 through :func:`~gdnbench.kernels.config.kernel_check`, its per-kernel part) - shared memory,
 block divisibility, register file - are pruned before anything runs. The other kernels keep
@@ -66,7 +66,9 @@ def dimensions(kernel: str, K: int, V: int, variant: str = "plain") -> list[tupl
     if kernel == "fused_out" and variant == "fused_qk":
         # where k's rstd comes from: its own vector or aqk's tile (H200, the loop alone, kernels/fused_fwd.py: the
         # tile searched 803 us at h16_hv32_fixed32k against 893; at 2 stages it cost 192 -> 346 at h16_hv48_uniform)
-        first = [("k_rstd_tile", (False, True))] + first
+        # and, with the tile, where c_last comes from (H100: the loop 641.0 -> 609.9 us at h16_hv32_fixed32k, slower at
+        # h4_hv8_mixed; kernels/fused_fwd.py)
+        first = [("k_rstd_tile", (False, True)), ("c_last_from_tile", (False, True))] + first
     return first + [(b, _blocks_for(K if b == "BK" else V)) for b in blocks] + segs + tail
 
 

@@ -84,38 +84,50 @@ def loop_bound(n):
 
 
 @triton.jit
-def pair_offsets(tok, rows, i_hv, H: tl.constexpr, HV: tl.constexpr):
-    """Element offsets of rows tok + rows of value head i_hv (scalar or tile) in a pair tensor (c_q, k_q), laid out
-    [cdiv(tokens, 64), H, 64, G, 2] fp32 (G = HV / H): a 64-token block's pairs of the G value heads that share a
-    key head are one contiguous [64, 2 G] tile, the one aqk_kernel's program writes (see ops.chunk_aqk for the
-    measured layouts)."""
+def pair_offsets(tok, rows, i_hv, H: tl.constexpr, HV: tl.constexpr, W: tl.constexpr = 2):
+    """Element offsets of rows tok + rows of value head i_hv (scalar or tile) in a row-factor tensor (chunk_aqk's
+    c_q), laid out [cdiv(tokens, 64), H, 64, G, W] fp32 (G = HV / H; W 2: pairs, 4: quads): a 64-token block's
+    factors of the G value heads that share a key head are one contiguous [64, W G] tile, the one aqk_kernel's
+    program writes (see ops.chunk_aqk for the measured layouts)."""
     G: tl.constexpr = HV // H
     t = tok + rows
-    return (t // 64) * (HV * 128) + (i_hv // G) * (G * 128) + (t % 64) * (2 * G) + (i_hv % G) * 2
+    return (t // 64) * (HV * 64 * W) + (i_hv // G) * (G * 64 * W) + (t % 64) * (W * G) + (i_hv % G) * W
 
 
 @triton.jit
 def row_pairs(ptr, tok, i_hv, rows, m_t, H: tl.constexpr, HV: tl.constexpr):
-    """The two fp32 columns of a pair tensor (c_q, k_q; :func:`pair_offsets`) at rows tok + rows of value head
-    i_hv, loaded as one [rows, 2] tile (8 contiguous bytes per row) and split."""
+    """The two fp32 columns of a pair tensor (:func:`pair_offsets`, W 2) at rows tok + rows of value head i_hv,
+    loaded as one [rows, 2] tile (8 contiguous bytes per row) and split."""
     p = ptr + pair_offsets(tok, rows, i_hv, H, HV)[:, None] + tl.arange(0, 2)[None, :]
     return tl.split(tl.load(p, mask=m_t[:, None], other=0.0))
 
 
-# aqk_kernel writes a pair tile through pair_ptrs (row start plus column: at G = 4 its rows are stored as
+@triton.jit
+def row_quads(ptr, tok, i_hv, rows, m_t, H: tl.constexpr, HV: tl.constexpr):
+    """The four fp32 columns of a quad tensor (:func:`pair_offsets`, W 4) at rows tok + rows of value head i_hv,
+    loaded as one [rows, 4] tile (16 contiguous bytes per row) and split."""
+    p = ptr + pair_offsets(tok, rows, i_hv, H, HV, 4)[:, None] + tl.arange(0, 4)[None, :]
+    x = tl.reshape(tl.load(p, mask=m_t[:, None], other=0.0), [rows.shape[0], 2, 2])
+    a, b = tl.split(x)
+    a0, a1 = tl.split(a)
+    b0, b1 = tl.split(b)
+    return a0, b0, a1, b1
+
+
+# aqk_kernel writes a factor tile through pair_ptrs (row start plus column: at G = 4 its pair rows are stored as
 # 128-bit pieces; through pair_offsets' per-element // G and % G they were 64-bit).  The loops read through
 # row_pairs and pair_offsets: their rows in pair_ptrs' int32 shifts and masks measured slower in the in-loop
 # kernel with the k tile (H200, autotuner times at the same config, strong gates: h16_hv32_fixed8k 181.3 ->
 # 205.4 us, h16_hv32_fixed32k 651.8 -> 752.6) though its sm_90 SASS had fewer instructions and spills.
 @triton.jit
-def pair_ptrs(ptr, tok, rows, i_h, H: tl.constexpr, HV: tl.constexpr):
-    """Pointers to the first pair of key head i_h's G value heads at rows tok + rows of a pair tensor (c_q, k_q),
-    laid out [cdiv(tokens, 64), H, 64, G, 2] fp32 (G = HV / H): a 64-token block's pairs of the G value heads that
-    share a key head are one contiguous [64, 2 G] tile, the one aqk_kernel's program writes (see ops.chunk_aqk for
-    the measured layouts).  The block's start is a scalar; per row only int32 arithmetic (r < 128)."""
+def pair_ptrs(ptr, tok, rows, i_h, H: tl.constexpr, HV: tl.constexpr, W: tl.constexpr = 2):
+    """Pointers to the first factor of key head i_h's G value heads at rows tok + rows of a row-factor tensor
+    (:func:`pair_offsets`, W columns a value head): a 64-token block's factors of the G value heads that share a
+    key head are one contiguous [64, W G] tile, the one aqk_kernel's program writes.  The block's start is a
+    scalar; per row only int32 arithmetic (r < 128)."""
     G: tl.constexpr = HV // H
     r = (tok & 63).to(tl.int32) + rows
-    return ptr + ((tok >> 6) * (HV * 128) + i_h * (G * 128)) + (r >> 6) * (HV * 128) + (r & 63) * (2 * G)
+    return ptr + ((tok >> 6) * (HV * 64 * W) + i_h * (G * 64 * W)) + (r >> 6) * (HV * 64 * W) + (r & 63) * (W * G)
 
 
 @triton.jit

@@ -68,6 +68,9 @@ class KernelConfig:
     # fused_out under fused_qk only: k's rstd comes in a (c + log2 rstd, rstd) tile aqk_kernel writes, not as its own
     # [64] vector (kernels/fused_fwd.py)
     k_rstd_tile: bool = False
+    # fused_out with k_rstd_tile only: each chunk's last gate cumsum taken from that tile's c rows, not loaded on its
+    # own (kernels/fused_fwd.py)
+    c_last_from_tile: bool = False
     # aqk only: the chunk's gate rows (and k's rstd for fused_out's k_rstd_tile) loaded before q k^T's products,
     # not after them (kernels/state_out.py)
     early_gates: bool = False
@@ -321,6 +324,7 @@ _OWNED_FLAGS = {"tf32_grams": (("kda16_prep",), "forms tile grams"),
                 "early_beta": (("fused_out",), "has that load order"),
                 "beta_ahead": (("fused_out",), "has that load order"),
                 "k_rstd_tile": (("fused_out",), "reads k's rstd in a tile"),
+                "c_last_from_tile": (("fused_out",), "reads c_last from k's rstd tile"),
                 "early_gates": (("aqk",), "has that load order"),
                 "heads_first": (("gram", "aqk"), "order their grid by head")}
 
@@ -389,6 +393,8 @@ def _check_kernel(name: str, c, blocks: tuple[str, ...], K: int, V: int, dtype_b
     for flag, (owners, what) in _OWNED_FLAGS.items():
         if name != "l2norm" and name not in owners and getattr(c, flag):
             raise ValueError(f"config.{name}.{flag}=True: only {' and '.join(owners)} {what}")
+    if name == "fused_out" and c.c_last_from_tile and not c.k_rstd_tile:
+        raise ValueError("config.fused_out.c_last_from_tile=True needs k_rstd_tile=True (c_last comes from that tile)")
     if name == "l2norm" and (c.BR < 1 or c.BR & (c.BR - 1)):
         raise ValueError(f"config.l2norm.BR={c.BR} must be a power of two")
     if c.num_warps not in _WARPS:

@@ -28,13 +28,20 @@ r on v_new's [64, BV] rows after A x (H200, the loop alone at the shipped fused_
 regimes' geomean, the autotuner's gate and timing): n_spills 18 -> 6 at HV32 8K and 32K, 14 -> 4 at HV64,
 16 -> 6 at h4_hv8_mixed; 213.5 -> 210.1 us, 800.2 -> 787.1, 323.2 -> 316.3, 111.0 -> 111.0, and
 h16_hv48_uniform 192.3 -> 188.1.
-K_TILE (KernelConfig.k_rstd_tile): r comes in aqk_kernel's k_q tile, each row's (c + log2 r, r), not as its own
-[64] vector from gram_solve's rstd_k [B,T,H], a plain load the step waits on, as q's rstd was (state_out.py).
+K_TILE (KernelConfig.k_rstd_tile): r comes in aqk_kernel's c_q tile, each row's (c, c + log2 r_q, c + log2 r, r)
+in one 16-byte load, not as its own [64] vector from gram_solve's rstd_k [B,T,H], a plain load the step waits on,
+as q's rstd was (state_out.py).
 H200, the loop alone under fused_qk, CUDA graphs, strong / long gates: searched, 642.8 / 966.5 us at
 h16_hv32_fixed32k against the vector form's 676.3 / 1166.5 at that config, 181.8 / 249.9 at HV32 8K against the
 vector entry's 172.3 / 269.6; at the vector form's entries with 2 stages a tile cost 192 -> 346 us at
 h16_hv48_uniform and 333 -> 475 at HV64: there the tile needs 4 B more shared memory than two programs per SM
 allow (115716 B against 115712 at HV64's entry, offline sm_90), so one program runs per SM.  So it is searched.
+C_LAST_TILE (KernelConfig.c_last_from_tile, with K_TILE only): the chunk's last c, the state's decay, is taken from
+the tile's c rows (a sum over the rows, all but the last masked; the same value bitwise), not loaded on its own:
+Triton turns that scalar load into an asynchronous copy with a 4-byte buffer and a wait every step.  Offline
+(sm_90, Triton 3.6) it frees the 4 B above: HV48's 2-stage entry with the tile 115716 -> 115712 B.  H100, fused_qk's
+loop with the tile, strong gates: h16_hv32_fixed32k 641.0 -> 609.9 us, HV32 8K 180.9 -> 175.1; at h4_hv8_mixed (BK
+64) slower, fused_qk / floor 1.032 -> 1.055.  So it is searched.
 
 Rounding: the two-kernel forms round w and u to k's and v's dtype; this form rounds x to A's dtype for the
 A x product and keeps v_new in fp32 until the o product (cast to v's dtype there, as state_out does).
@@ -83,7 +90,7 @@ loop now comes after q h's second product, 350 and 620 instructions after the tw
 import triton
 import triton.language as tl
 
-from .common import loop_bound, row_pairs
+from .common import loop_bound, row_pairs, row_quads
 from .state import _initial_pieces, _sequence_span, _store_pieces
 
 WARM_UP_LOG2 = 32  # a warm-up starts where the gates have decayed by 2^-32
@@ -119,11 +126,11 @@ def _beta_rows(beta, tok, n_valid, rows, i_hv, HV: tl.constexpr):
 
 
 @triton.jit
-def _chunk_step(q, k, v, beta, g_cs, A, rstd_k, k_q, aqk, c_q, o, tok, n_valid, rows, o_v, m_v, i_h, i_hv,
+def _chunk_step(q, k, v, beta, g_cs, A, rstd_k, aqk, c_q, o, tok, n_valid, rows, o_v, m_v, i_h, i_hv,
                 b_h1, b_h2, b_h3, b_h4, scale, b_beta_in, H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr,
                 V: tl.constexpr, BV: tl.constexpr, BT: tl.constexpr, FUSE_Q: tl.constexpr, FUSE_K: tl.constexpr,
                 IN_LOOP_AQK: tl.constexpr, PREC: tl.constexpr, PIECE: tl.constexpr, OUT: tl.constexpr,
-                EARLY_BETA: tl.constexpr, K_TILE: tl.constexpr, BETA_AHEAD: tl.constexpr):
+                EARLY_BETA: tl.constexpr, K_TILE: tl.constexpr, BETA_AHEAD: tl.constexpr, C_LAST_TILE: tl.constexpr):
     """One chunk of the loop: o's rows (OUT) and the state carried past the chunk; OUT False is a warm-up
     step (the state only: no q, Aqk or o).  EARLY_BETA: beta's rows are loaded before the step's first
     product, not after k h; BETA_AHEAD: they are b_beta_in, loaded by the step before (module docstring)."""
@@ -153,8 +160,13 @@ def _chunk_step(q, k, v, beta, g_cs, A, rstd_k, k_q, aqk, c_q, o, tok, n_valid, 
                                                 H * K, IN_LOOP_AQK, PREC, OUT)
 
     last = tl.minimum(n_valid, BT) - 1
-    c_last = tl.load(gb + last * HV)
-    if FUSE_Q:  # q h on raw q: its rows take q's rstd r, as exp2(c + log2 r) (see state_out.py)
+    if not C_LAST_TILE:
+        c_last = tl.load(gb + last * HV)
+    if K_TILE:  # c_q's quads: k's rstd r_k in the tile that brings c and q's rstd
+        c, c_o, c_k, r_k = row_quads(c_q, tok, i_hv, rows, m_t, H, HV)
+        if C_LAST_TILE:  # the chunk's last c from the tile's rows, not a load of its own
+            c_last = tl.sum(tl.where(rows == last, c, 0.0), 0)
+    elif FUSE_Q:  # q h on raw q: its rows take q's rstd r, as exp2(c + log2 r) (see state_out.py)
         c, c_o = row_pairs(c_q, tok, i_hv, rows, m_t, H, HV)
     else:
         c = tl.load(gb + rows * HV, mask=m_t, other=0.0)
@@ -164,7 +176,6 @@ def _chunk_step(q, k, v, beta, g_cs, A, rstd_k, k_q, aqk, c_q, o, tok, n_valid, 
         if not BETA_AHEAD:
             b_beta = _beta_rows(beta, tok, n_valid, rows, i_hv, HV).to(tl.float32)
     if K_TILE:  # f_kh = beta exp2(c + log2 r_k)
-        c_k, r_k = row_pairs(k_q, tok, i_hv, rows, m_t, H, HV)
         f_kh = b_beta * tl.math.exp2(c_k)
     else:
         f_kh = b_beta * tl.math.exp2(c)
@@ -265,12 +276,12 @@ def _head_waits(gl, n_chunks, per_seg, stride, THRESH: tl.constexpr, SEG: tl.con
 
 
 @triton.jit
-def _walk(q, k, v, beta, g_cs, A, rstd_k, k_q, aqk, c_q, o, h0, ht, sync, hand, scale, t, i_s, i_h, i_hv, i_nh, bos,
+def _walk(q, k, v, beta, g_cs, A, rstd_k, aqk, c_q, o, h0, ht, sync, hand, scale, t, i_s, i_h, i_hv, i_nh, bos,
           seq_len, n_chunks, o_v, H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
           BV: tl.constexpr, NV: tl.constexpr, BT: tl.constexpr, USE_H0: tl.constexpr, STORE_HT: tl.constexpr,
           FUSE_Q: tl.constexpr, FUSE_K: tl.constexpr, IN_LOOP_AQK: tl.constexpr, PREC: tl.constexpr,
           PIECE: tl.constexpr, SEG: tl.constexpr, THRESH: tl.constexpr, EARLY_BETA: tl.constexpr,
-          K_TILE: tl.constexpr, BETA_AHEAD: tl.constexpr):
+          K_TILE: tl.constexpr, BETA_AHEAD: tl.constexpr, C_LAST_TILE: tl.constexpr):
     """One program's walk over its V slab o_v (BV wide): SEG 1 the whole sequence, else segment i_s of SEG
     (warm-up or hand-over first, module docstring)."""
     m_v = o_v < V
@@ -300,10 +311,10 @@ def _walk(q, k, v, beta, g_cs, A, rstd_k, k_q, aqk, c_q, o, h0, ht, sync, hand, 
             if BETA_AHEAD:
                 b_cur = b_nb
                 b_nb = _beta_rows(beta, bos + (i_t + 1) * BT, seq_len - (i_t + 1) * BT, rows, i_hv, HV)
-            b_h1, b_h2, b_h3, b_h4 = _chunk_step(q, k, v, beta, g_cs, A, rstd_k, k_q, aqk, c_q, o, bos + i_t * BT,
+            b_h1, b_h2, b_h3, b_h4 = _chunk_step(q, k, v, beta, g_cs, A, rstd_k, aqk, c_q, o, bos + i_t * BT,
                                                  seq_len - i_t * BT, rows, o_v, m_v, i_h, i_hv, b_h1, b_h2, b_h3,
                                                  b_h4, scale, b_cur, H, HV, K, V, BV, BT, FUSE_Q, FUSE_K, IN_LOOP_AQK,
-                                                 PREC, PIECE, False, EARLY_BETA, K_TILE, BETA_AHEAD)
+                                                 PREC, PIECE, False, EARLY_BETA, K_TILE, BETA_AHEAD, C_LAST_TILE)
     if BETA_AHEAD:
         b_nb = _beta_rows(beta, bos + c0 * BT, seq_len - c0 * BT, rows, i_hv, HV)
     for i_t in range(loop_bound(c0), loop_bound(c1)):
@@ -311,10 +322,10 @@ def _walk(q, k, v, beta, g_cs, A, rstd_k, k_q, aqk, c_q, o, h0, ht, sync, hand, 
         if BETA_AHEAD:
             b_cur = b_nb
             b_nb = _beta_rows(beta, bos + (i_t + 1) * BT, seq_len - (i_t + 1) * BT, rows, i_hv, HV)
-        b_h1, b_h2, b_h3, b_h4 = _chunk_step(q, k, v, beta, g_cs, A, rstd_k, k_q, aqk, c_q, o, bos + i_t * BT,
+        b_h1, b_h2, b_h3, b_h4 = _chunk_step(q, k, v, beta, g_cs, A, rstd_k, aqk, c_q, o, bos + i_t * BT,
                                              seq_len - i_t * BT, rows, o_v, m_v, i_h, i_hv, b_h1, b_h2, b_h3, b_h4,
                                              scale, b_cur, H, HV, K, V, BV, BT, FUSE_Q, FUSE_K, IN_LOOP_AQK, PREC,
-                                             PIECE, True, EARLY_BETA, K_TILE, BETA_AHEAD)
+                                             PIECE, True, EARLY_BETA, K_TILE, BETA_AHEAD, C_LAST_TILE)
     if SEG > 1:
         if c1 < n_chunks:  # hand the state over where the next segment waits for it (the same test it makes)
             if _warm_start(gl, c1, per_seg, BT * HV, THRESH, 64) < 0:
@@ -328,16 +339,16 @@ def _walk(q, k, v, beta, g_cs, A, rstd_k, k_q, aqk, c_q, o, h0, ht, sync, hand, 
 
 @triton.jit(do_not_specialize=["T"])
 def fused_state_out_kernel(
-    q, k, v, beta, g_cs, A, rstd_k, k_q, aqk, c_q, o, h0, ht, cu_seqlens, sync, hand, scale, T,
+    q, k, v, beta, g_cs, A, rstd_k, aqk, c_q, o, h0, ht, cu_seqlens, sync, hand, scale, T,
     H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BV: tl.constexpr, BT: tl.constexpr,
     IS_VARLEN: tl.constexpr, USE_H0: tl.constexpr, STORE_HT: tl.constexpr, FUSE_Q: tl.constexpr,
     FUSE_K: tl.constexpr, IN_LOOP_AQK: tl.constexpr, PREC: tl.constexpr, PIECE: tl.constexpr,
     SEG: tl.constexpr, THRESH: tl.constexpr, SPLIT_V: tl.constexpr, BVS: tl.constexpr, EARLY_BETA: tl.constexpr,
-    K_TILE: tl.constexpr, BETA_AHEAD: tl.constexpr,
+    K_TILE: tl.constexpr, BETA_AHEAD: tl.constexpr, C_LAST_TILE: tl.constexpr,
 ):
     """SEG 1: grid (cdiv(V, BV), N*HV).  o like v; h0/ht [N, HV, K, V] fp32; A [B,T,HV,64] from gram_solve; aqk
     and c_q from aqk_kernel unless IN_LOOP_AQK (then unused, and FUSE_Q is not allowed); under FUSE_K rstd_k
-    [B,T,H] fp32, or with K_TILE k_q (fp32 pairs) from aqk_kernel.  PIECE rows per state piece, K <= 4 PIECE
+    [B,T,H] fp32, or with K_TILE in c_q (fp32 quads) from aqk_kernel.  PIECE rows per state piece, K <= 4 PIECE
     (as the state kernel).
 
     SEG > 1 (context parallelism, module docstring): grid (N*SEG*HV*cdiv(V, BV),); sync int32 zeros, one
@@ -366,15 +377,15 @@ def fused_state_out_kernel(
         gl = g_cs + (bos + BT - 1) * HV + i_hv
         if _head_waits(gl, n_chunks, tl.cdiv(n_chunks, SEG), BT * HV, THRESH, SEG) > 0:
             if i_s * BVS < BV:
-                _walk(q, k, v, beta, g_cs, A, rstd_k, k_q, aqk, c_q, o, h0, ht, sync, hand, scale, t, i_s * 0, i_h,
+                _walk(q, k, v, beta, g_cs, A, rstd_k, aqk, c_q, o, h0, ht, sync, hand, scale, t, i_s * 0, i_h,
                       i_hv, i_nh, bos, seq_len, n_chunks, i_v * BV + i_s * BVS + tl.arange(0, BVS), H, HV, K, V, BVS, NV,
                       BT, USE_H0, STORE_HT, FUSE_Q, FUSE_K, IN_LOOP_AQK, PREC, PIECE, 1, THRESH, EARLY_BETA,
-                      K_TILE, BETA_AHEAD)
+                      K_TILE, BETA_AHEAD, C_LAST_TILE)
         else:
-            _walk(q, k, v, beta, g_cs, A, rstd_k, k_q, aqk, c_q, o, h0, ht, sync, hand, scale, t, i_s, i_h, i_hv,
+            _walk(q, k, v, beta, g_cs, A, rstd_k, aqk, c_q, o, h0, ht, sync, hand, scale, t, i_s, i_h, i_hv,
                   i_nh, bos, seq_len, n_chunks, o_v, H, HV, K, V, BV, NV, BT, USE_H0, STORE_HT, FUSE_Q, FUSE_K,
-                  IN_LOOP_AQK, PREC, PIECE, SEG, THRESH, EARLY_BETA, K_TILE, BETA_AHEAD)
+                  IN_LOOP_AQK, PREC, PIECE, SEG, THRESH, EARLY_BETA, K_TILE, BETA_AHEAD, C_LAST_TILE)
     else:
-        _walk(q, k, v, beta, g_cs, A, rstd_k, k_q, aqk, c_q, o, h0, ht, sync, hand, scale, t, i_s, i_h, i_hv, i_nh,
+        _walk(q, k, v, beta, g_cs, A, rstd_k, aqk, c_q, o, h0, ht, sync, hand, scale, t, i_s, i_h, i_hv, i_nh,
               bos, seq_len, n_chunks, o_v, H, HV, K, V, BV, NV, BT, USE_H0, STORE_HT, FUSE_Q, FUSE_K, IN_LOOP_AQK,
-              PREC, PIECE, SEG, THRESH, EARLY_BETA, K_TILE, BETA_AHEAD)
+              PREC, PIECE, SEG, THRESH, EARLY_BETA, K_TILE, BETA_AHEAD, C_LAST_TILE)

@@ -410,13 +410,13 @@ def one_pass(config: GDNConfig, K: int, HV: int, tokens: int, longest: int) -> b
 def chunk_aqk(q, k, g_cs, *, fuse_q=False, ssq_k=None, rstd_k=None, k_tile=False, varlen=None,
               config: GDNConfig = DEFAULT_CONFIG, on_launch=None):
     """One-pass stage 3a (GDN): (Aqk [B,T,HV,64] = causal(q k^T * exp(g_i - g_j)) per chunk, unscaled,
-    c_q (each row's gate cumsum c and c + log2 of q's row rstd) under fuse_q, else None, k_q (each row's
-    c + log2 of k's row rstd, and that rstd) under ``k_tile``, else None; both fp32 pairs
-    [cdiv(B*T, 64), H, 64, HV / H, 2]: :func:`pairs_by_token` views them [B,T,HV,2]).
+    c_q under fuse_q, else None: each row's gate cumsum c and c + log2 of q's row rstd, fp32 pairs
+    [cdiv(B*T, 64), H, 64, HV / H, 2], or under ``k_tile`` quads [..., 4] that add c + log2 of k's row rstd and
+    that rstd; :func:`pairs_by_token` views them [B,T,HV,2 or 4]).
     ``ssq_k``: under fused_qk (k raw), gram_solve's largest sum of squares of each chunk's k rows, which bounds
     the raw products.  ``rstd_k`` (the in-loop kernel's): Aqk's columns take k's rstd (Aqk on k's normalized
     rows), from the k tiles aqk loads, gram_solve's overflow-safe ``rstd_k`` on the rare path; ``k_tile``
-    writes k_q for ``k_rstd_tile``.  Aqk is in q's dtype, fp32 under fused_qk with fp16 storage (raw k may
+    writes the quads for ``k_rstd_tile``.  Aqk is in q's dtype, fp32 under fused_qk with fp16 storage (raw k may
     leave fp16's range).
 
     The pairs' layout puts the [64, 2 G] tile each program writes in one place.  In [B,T,HV,2], its rows lay
@@ -437,27 +437,26 @@ def chunk_aqk(q, k, g_cs, *, fuse_q=False, ssq_k=None, rstd_k=None, k_tile=False
         raise ValueError("chunk_aqk: k_tile writes k's rstd: it needs rstd_k")
     dtype = torch.float32 if fuse_k and q.dtype == torch.float16 else q.dtype
     aqk = torch.empty(B, T, HV, CHUNK_SIZE, device=q.device, dtype=dtype)
-    c_q = _pairs(B * T, H, HV, q.device) if fuse_q else None
-    k_q = _pairs(B * T, H, HV, q.device) if k_tile else None
+    c_q = _pairs(B * T, H, HV, q.device, 4 if k_tile else 2) if fuse_q else None
     cfg = config.aqk
     grid, first = _chunk_head_grid(cfg, n_grid, B * H)
-    _launch(aqk_kernel, grid, cfg, q, k, g_cs, aqk, c_q, ssq_k, rstd_k, k_q, *_varlen_args(varlen), T,
+    _launch(aqk_kernel, grid, cfg, q, k, g_cs, aqk, c_q, ssq_k, rstd_k, *_varlen_args(varlen), T,
             NT, H=H, HV=HV, K=K, BK=block(cfg.BK, K), BT=CHUNK_SIZE, IS_VARLEN=varlen is not None, FUSE_Q=fuse_q,
             FUSE_K=fuse_k, PREC=_precision(q.dtype), GP=next_pow2(HV // H), K_TILE=k_tile,
             K_COLS=rstd_k is not None, EARLY=cfg.early_gates, HEADS_FIRST=first, hooks=on_launch)
-    return aqk, c_q, k_q
+    return aqk, c_q
 
 
-def _pairs(tokens: int, H: int, HV: int, device) -> torch.Tensor:
-    """An fp32 pair tensor (c_q, k_q) for ``tokens`` tokens: [cdiv(tokens, 64), H, 64, HV / H, 2]
+def _pairs(tokens: int, H: int, HV: int, device, width: int = 2) -> torch.Tensor:
+    """An fp32 row-factor tensor (c_q) for ``tokens`` tokens: [cdiv(tokens, 64), H, 64, HV / H, width]
     (common.pair_ptrs)."""
-    return torch.empty(cdiv(tokens, CHUNK_SIZE), H, CHUNK_SIZE, HV // H, 2, device=device, dtype=torch.float32)
+    return torch.empty(cdiv(tokens, CHUNK_SIZE), H, CHUNK_SIZE, HV // H, width, device=device, dtype=torch.float32)
 
 
 def pairs_by_token(pairs: torch.Tensor, B: int, T: int) -> torch.Tensor:
-    """A pair tensor viewed [B,T,HV,2] (a copy)."""
-    H, G = pairs.shape[1], pairs.shape[3]
-    return pairs.permute(0, 2, 1, 3, 4).reshape(-1, H * G, 2)[: B * T].reshape(B, T, H * G, 2)
+    """A row-factor tensor viewed [B,T,HV,width] (a copy)."""
+    H, G, W = pairs.shape[1], pairs.shape[3], pairs.shape[4]
+    return pairs.permute(0, 2, 1, 3, 4).reshape(-1, H * G, W)[: B * T].reshape(B, T, H * G, W)
 
 
 def state_output(q, k, w, u, g_cs, aqk, c_q=None, *, scale, initial_state=None, output_final_state=False,
@@ -480,14 +479,14 @@ def state_output(q, k, w, u, g_cs, aqk, c_q=None, *, scale, initial_state=None, 
     return o, ht
 
 
-def state_output_in_loop(q, k, v, beta, g_cs, A, aqk=None, c_q=None, rstd_k=None, k_q=None, *, scale,
+def state_output_in_loop(q, k, v, beta, g_cs, A, aqk=None, c_q=None, rstd_k=None, *, scale,
                          initial_state=None, output_final_state=False, varlen=None, config: GDNConfig = DEFAULT_CONFIG,
                          on_launch=None):
     """One-pass stage (GDN, ``config.in_loop``): (o, final_state) as :func:`state_output` gives them, with
     w h and u computed in the loop from :func:`gram_solve`'s A (no :func:`recompute_wu`), and q k^T too
     where ``aqk`` is None (no :func:`chunk_aqk`; q as given: norm none / flag).  ``rstd_k``: fused_qk's
-    k rstd from gram_solve (k is raw), read from ``k_q`` (chunk_aqk's) where ``config.fused_out.k_rstd_tile``;
-    ``c_q``: fused_q's from chunk_aqk (kernels/fused_fwd.py).
+    k rstd from gram_solve (k is raw), read from ``c_q``'s quads (chunk_aqk's ``k_tile``) where
+    ``config.fused_out.k_rstd_tile``; ``c_q``: the fused routes' from chunk_aqk (kernels/fused_fwd.py).
     ``config.fused_out.segments`` > 1 cuts each sequence into that many programs (k's rows must be unit-norm);
     ``split_v`` gives a head that would wait for a segment's state those programs' V columns instead."""
     B, T, H, K = k.shape
@@ -497,8 +496,9 @@ def state_output_in_loop(q, k, v, beta, g_cs, A, aqk=None, c_q=None, rstd_k=None
     ht = _final_state(N, HV, K, V, k.device, output_final_state)
     cfg = config.fused_out
     tile = _reads_k_rstd_tile(config, rstd_k)
-    if tile and k_q is None:
-        raise ValueError("state_output_in_loop: config.fused_out.k_rstd_tile reads k_q (chunk_aqk with rstd_k)")
+    if c_q is not None and c_q.shape[-1] != (4 if tile else 2):
+        raise ValueError(f"state_output_in_loop: config.fused_out.k_rstd_tile={tile} with c_q of width "
+                         f"{c_q.shape[-1]} (chunk_aqk's k_tile writes quads, the loop's tile reads them)")
     BV = block(cfg.BV, V)
     seg = cfg.segments
     grid, sync, hand = (cdiv(V, BV), N * HV), None, None
@@ -507,13 +507,14 @@ def state_output_in_loop(q, k, v, beta, g_cs, A, aqk=None, c_q=None, rstd_k=None
         sync = torch.zeros(1 + grid[0], device=k.device, dtype=torch.int32)
         hand = torch.empty(N * seg * HV, K, V, device=k.device, dtype=torch.float32)
     _launch(fused_state_out_kernel, grid, cfg,
-            q, k, v, beta, g_cs, A, None if tile else rstd_k, k_q if tile else None, aqk, c_q, o, initial_state, ht,
+            q, k, v, beta, g_cs, A, None if tile else rstd_k, aqk, c_q, o, initial_state, ht,
             None if varlen is None else varlen.cu_seqlens, sync, hand, float(scale), T,
             H=H, HV=HV, K=K, V=V, BV=BV, BT=CHUNK_SIZE, IS_VARLEN=varlen is not None,
             USE_H0=initial_state is not None, STORE_HT=output_final_state, FUSE_Q=c_q is not None,
             FUSE_K=rstd_k is not None, IN_LOOP_AQK=aqk is None, PREC=_precision(k.dtype), PIECE=state_piece(cfg, K),
             SEG=seg, THRESH=WARM_UP_LOG2, SPLIT_V=cfg.split_v, BVS=split_width(BV, seg) if cfg.split_v else BV,
-            EARLY_BETA=cfg.early_beta and not cfg.beta_ahead, K_TILE=tile, BETA_AHEAD=cfg.beta_ahead, hooks=on_launch)
+            EARLY_BETA=cfg.early_beta and not cfg.beta_ahead, K_TILE=tile, BETA_AHEAD=cfg.beta_ahead,
+            C_LAST_TILE=tile and cfg.c_last_from_tile, hooks=on_launch)
     return o, ht
 
 
@@ -568,18 +569,18 @@ def kda16_loop(tiles: dict, v, *, initial_state=None, output_final_state=False, 
 
 
 def _reads_k_rstd_tile(config: GDNConfig, rstd_k) -> bool:
-    """Whether the in-loop kernel reads k's rstd from chunk_aqk's k_q (fused_qk, ``config.fused_out.k_rstd_tile``)."""
+    """Whether the in-loop kernel reads k's rstd from chunk_aqk's quads (fused_qk, ``config.fused_out.k_rstd_tile``)."""
     return rstd_k is not None and config.fused_out.k_rstd_tile
 
 
 def _in_loop_forward(q, k, v, beta, g_cs, A, rstd_k, ssq_k, fuse_q, scale, initial_state, output_final_state, run):
     """GDN's forward after gram_solve under ``config.in_loop``: chunk_aqk unless "wu_aqk", then the loop.
     ``run``: every stage's varlen, config and on_launch."""
-    aqk = c_q = k_q = None
+    aqk = c_q = None
     if run["config"].in_loop == "wu":
         tile = _reads_k_rstd_tile(run["config"], rstd_k)
-        aqk, c_q, k_q = chunk_aqk(q, k, g_cs, fuse_q=fuse_q, ssq_k=ssq_k, rstd_k=rstd_k, k_tile=tile, **run)
-    return state_output_in_loop(q, k, v, beta, g_cs, A, aqk, c_q, rstd_k, k_q, scale=scale,
+        aqk, c_q = chunk_aqk(q, k, g_cs, fuse_q=fuse_q, ssq_k=ssq_k, rstd_k=rstd_k, k_tile=tile, **run)
+    return state_output_in_loop(q, k, v, beta, g_cs, A, aqk, c_q, rstd_k, scale=scale,
                                 initial_state=initial_state, output_final_state=output_final_state, **run)
 
 
@@ -743,7 +744,7 @@ def _forward(q, k, v, g, beta, scale, initial_state, output_final_state, cu_seql
     w, u, _ = recompute_wu(k, v, beta, A, g_cs, rstd_k=rstd_k, **run)
     B, T, HV = beta.shape
     if one_pass(config, K, HV, B * T, T if varlen is None else varlen.max_len):
-        aqk, c_q, _ = chunk_aqk(q, k, g_cs, fuse_q=fuse_q, ssq_k=ssq_k, **run)
+        aqk, c_q = chunk_aqk(q, k, g_cs, fuse_q=fuse_q, ssq_k=ssq_k, **run)
         return state_output(q, k, w, u, g_cs, aqk, c_q, scale=scale, initial_state=initial_state,
                             output_final_state=output_final_state, **run)
     h, v_new, final_state = state_recurrence(k, w, u, g_cs, initial_state=initial_state,

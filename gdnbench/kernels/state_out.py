@@ -81,7 +81,7 @@ def _gate_rows(g_cs, tok0, i_h, rows, m_t, HV: tl.constexpr, G: tl.constexpr, GP
 
 
 @triton.jit(do_not_specialize=["T", "NT"])
-def aqk_kernel(q, k, g_cs, aqk, c_q, ssq_k, rstd_k, k_q, cu_seqlens, chunk_indices, T, NT,
+def aqk_kernel(q, k, g_cs, aqk, c_q, ssq_k, rstd_k, cu_seqlens, chunk_indices, T, NT,
                H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, BK: tl.constexpr, BT: tl.constexpr,
                IS_VARLEN: tl.constexpr, FUSE_Q: tl.constexpr, FUSE_K: tl.constexpr, PREC: tl.constexpr,
                GP: tl.constexpr, K_TILE: tl.constexpr, K_COLS: tl.constexpr, EARLY: tl.constexpr,
@@ -100,8 +100,8 @@ def aqk_kernel(q, k, g_cs, aqk, c_q, ssq_k, rstd_k, k_q, cu_seqlens, chunk_indic
     K_COLS (under FUSE_K, for the in-loop kernel): Aqk's columns times k's rstd r_k, so Aqk is on k's normalized
     rows and the loop's v_new needs no r_k (fused_fwd.py).  r_k comes from the k tiles the dot loads, as q's
     (gram_solve's vector only on the rare path).
-    K_TILE (under K_COLS): it also writes k_q (fp32 pairs), each row's (c + log2 r_k, r_k), in the same
-    [64, 2 GP] tile form, for the in-loop kernel's k_rstd_tile (fused_fwd.py).
+    K_TILE (under K_COLS): c_q holds quads, each row's (c, c + log2 r, c + log2 r_k, r_k), in the same tile form
+    ([64, 4 GP]), for the in-loop kernel's k_rstd_tile (fused_fwd.py), which reads them in one load.
 
     The rare path (a chunk with a q row whose sum of squares reached SSQ_BIG, or under FUSE_K a k row
     whose did: under K_COLS its own sums, else gram_solve's ssq_k) redoes the chunk with q's rows normalized
@@ -136,12 +136,12 @@ def aqk_kernel(q, k, g_cs, aqk, c_q, ssq_k, rstd_k, k_q, cu_seqlens, chunk_indic
     if K_COLS:  # the rare path a call: its registers and stack are its own (_aqk_rare)
         if (vec_max(ssq) >= SSQ_BIG) | (vec_max(kss) >= SSQ_BIG):
             if cuda_capability_geq(10):  # Triton 3.6 fails to lower a tensor-memory dot in a call (sm_100, sm_103)
-                _aqk_redo(q, k, g_cs, aqk, c_q, rstd_k, k_q, tok0, n_valid, i_h, H, HV, K, BK, BT, PREC, GP, K_TILE)
+                _aqk_redo(q, k, g_cs, aqk, c_q, rstd_k, tok0, n_valid, i_h, H, HV, K, BK, BT, PREC, GP, K_TILE)
             else:
-                _aqk_rare(q, k, g_cs, aqk, c_q, rstd_k, k_q, tok0, n_valid, i_h, H, HV, K, BK, BT, PREC, GP, K_TILE)
+                _aqk_rare(q, k, g_cs, aqk, c_q, rstd_k, tok0, n_valid, i_h, H, HV, K, BK, BT, PREC, GP, K_TILE)
         else:
             r = 1.0 / tl.sqrt(ssq + L2_EPS)
-            _aqk_store(b_s * r[:, None], r, 1.0 / tl.sqrt(kss + L2_EPS), c_g, g_cs, aqk, c_q, k_q, tok0, rows, m_t,
+            _aqk_store(b_s * r[:, None], r, 1.0 / tl.sqrt(kss + L2_EPS), c_g, g_cs, aqk, c_q, tok0, rows, m_t,
                        i_h, H, HV, BT, GP, True, K_TILE, True, EARLY)
     else:
         r = m_t.to(tl.float32)
@@ -155,12 +155,12 @@ def aqk_kernel(q, k, g_cs, aqk, c_q, ssq_k, rstd_k, k_q, cu_seqlens, chunk_indic
             else:
                 r = 1.0 / tl.sqrt(ssq + L2_EPS)
                 b_s = b_s * r[:, None]
-        _aqk_store(b_s, r, r, c_g, g_cs, aqk, c_q, k_q, tok0, rows, m_t, i_h, H, HV, BT, GP, FUSE_Q, False, False,
+        _aqk_store(b_s, r, r, c_g, g_cs, aqk, c_q, tok0, rows, m_t, i_h, H, HV, BT, GP, FUSE_Q, False, False,
                    EARLY)
 
 
 @triton.jit(noinline=True)
-def _aqk_rare(q, k, g_cs, aqk, c_q, rstd_k, k_q, tok0, n_valid, i_h, H: tl.constexpr, HV: tl.constexpr,
+def _aqk_rare(q, k, g_cs, aqk, c_q, rstd_k, tok0, n_valid, i_h, H: tl.constexpr, HV: tl.constexpr,
               K: tl.constexpr, BK: tl.constexpr, BT: tl.constexpr, PREC: tl.constexpr, GP: tl.constexpr,
               K_TILE: tl.constexpr):
     """aqk_kernel's rare path under K_COLS (a chunk with a q or k row whose sum of squares reached SSQ_BIG) as a
@@ -170,11 +170,11 @@ def _aqk_rare(q, k, g_cs, aqk, c_q, rstd_k, k_q, tok0, n_valid, i_h, H: tl.const
     stack as a call).  H200, aqk alone, inlined -> call: HV32 8K 36.7 -> 35.0 us, HV48 44.4 -> 41.9, 32K 121.1
     -> 118.3, HV64 48.6 -> 48.9; under fused_q alone the call lost at every shape, so it serves fused_qk only.
     On sm_100 and up the same path is inlined (Triton 3.6's ConvertNVGPUToLLVM fails on the call, offline)."""
-    _aqk_redo(q, k, g_cs, aqk, c_q, rstd_k, k_q, tok0, n_valid, i_h, H, HV, K, BK, BT, PREC, GP, K_TILE)
+    _aqk_redo(q, k, g_cs, aqk, c_q, rstd_k, tok0, n_valid, i_h, H, HV, K, BK, BT, PREC, GP, K_TILE)
 
 
 @triton.jit
-def _aqk_redo(q, k, g_cs, aqk, c_q, rstd_k, k_q, tok0, n_valid, i_h, H: tl.constexpr, HV: tl.constexpr,
+def _aqk_redo(q, k, g_cs, aqk, c_q, rstd_k, tok0, n_valid, i_h, H: tl.constexpr, HV: tl.constexpr,
               K: tl.constexpr, BK: tl.constexpr, BT: tl.constexpr, PREC: tl.constexpr, GP: tl.constexpr,
               K_TILE: tl.constexpr):
     """_aqk_rare's work: the chunk redone overflow-safe, then its stores."""
@@ -187,29 +187,33 @@ def _aqk_redo(q, k, g_cs, aqk, c_q, rstd_k, k_q, tok0, n_valid, i_h, H: tl.const
     r = l2_rstd(ssq, lo)
     b_s = _qk_dots(qb, kb, rows, m_t, r, K, H * K, BT, BK, True, False, False, PREC)[0]
     r_k = tl.load(rstd_k + (tok0 + rows) * H + i_h, mask=m_t, other=1.0)
-    _aqk_store(b_s, r, r_k, c_g, g_cs, aqk, c_q, k_q, tok0, rows, m_t, i_h, H, HV, BT, GP, True, K_TILE, True, True)
+    _aqk_store(b_s, r, r_k, c_g, g_cs, aqk, c_q, tok0, rows, m_t, i_h, H, HV, BT, GP, True, K_TILE, True, True)
 
 
 @triton.jit
-def _aqk_store(b_s, r, r_k, c_g, g_cs, aqk, c_q, k_q, tok0, rows, m_t, i_h, H: tl.constexpr, HV: tl.constexpr,
+def _aqk_store(b_s, r, r_k, c_g, g_cs, aqk, c_q, tok0, rows, m_t, i_h, H: tl.constexpr, HV: tl.constexpr,
                BT: tl.constexpr, GP: tl.constexpr, FUSE_Q: tl.constexpr, K_TILE: tl.constexpr,
                K_COLS: tl.constexpr, EARLY: tl.constexpr):
-    """The chunk's stores given q k^T (b_s, rows already times q's rstd r under FUSE_Q): c_q's pairs (FUSE_Q),
-    k_q's (K_TILE), and each value head's gated causal Aqk, its columns times r_k under K_COLS.  c_g: the
+    """The chunk's stores given q k^T (b_s, rows already times q's rstd r under FUSE_Q): c_q's pairs (FUSE_Q) or
+    quads (K_TILE), and each value head's gated causal Aqk, its columns times r_k under K_COLS.  c_g: the
     gate rows when EARLY loaded them, else loaded here."""
     G: tl.constexpr = HV // H
     o_g = tl.arange(0, GP)
-    if FUSE_Q:  # the G value heads' pairs are one contiguous [BT, 2 G] tile of c_q
+    if FUSE_Q:  # the G value heads' factors are one contiguous [BT, W G] tile of c_q
         if not EARLY:
             c_g = _gate_rows(g_cs, tok0, i_h, rows, m_t, HV, G, GP)
         pairs = tl.reshape(tl.join(c_g, c_g + tl.log2(r)[:, None]), [BT, 2 * GP])
         o_p = tl.arange(0, 2 * GP)
         m_p = m_t[:, None] & (o_p < 2 * G)[None, :]
-        tl.store(pair_ptrs(c_q, tok0, rows, i_h, H, HV)[:, None] + o_p[None, :], pairs, mask=m_p)
-        if K_TILE:
+        if K_TILE:  # each value head's quad (c, c + log2 r, c + log2 r_k, r_k), stored as two pairs
             r_kg = tl.broadcast_to(r_k[:, None], [BT, GP])
             k_pairs = tl.reshape(tl.join(c_g + tl.log2(r_k)[:, None], r_kg), [BT, 2 * GP])
-            tl.store(pair_ptrs(k_q, tok0, rows, i_h, H, HV)[:, None] + o_p[None, :], k_pairs, mask=m_p)
+            o_q = (o_p // 2) * 4 + o_p % 2
+            p_q = pair_ptrs(c_q, tok0, rows, i_h, H, HV, 4)[:, None] + o_q[None, :]
+            tl.store(p_q, pairs, mask=m_p)
+            tl.store(p_q + 2, k_pairs, mask=m_p)
+        else:
+            tl.store(pair_ptrs(c_q, tok0, rows, i_h, H, HV)[:, None] + o_p[None, :], pairs, mask=m_p)
     if K_COLS:  # Aqk on k's normalized rows: its columns times k's rstd
         b_s = b_s * r_k[None, :]
     keep = (rows[:, None] >= rows[None, :]) & m_t[:, None] & m_t[None, :]

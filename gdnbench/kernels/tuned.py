@@ -398,7 +398,7 @@ def in_loop_choice(shape, route: str, env: dict | None, cache_dir: Path | None =
 
 
 def loop_reads_k_tile(shape, route: str, env: dict | None, cache_dir: Path | None = None) -> bool:
-    """Whether ``route``'s tuned forward on this machine reads k's rstd from aqk's k_q tile: fused_qk, the in-loop
+    """Whether ``route``'s tuned forward on this machine reads k's rstd from aqk's quad tile: fused_qk, the in-loop
     form chosen (:func:`in_loop_choice`) and its loop's config asking for the tile (``k_rstd_tile``)."""
     if route != "fused_qk" or in_loop_choice(shape, route, env, cache_dir)[0] != "wu":
         return False
