@@ -5,6 +5,11 @@ import pytest
 # Rich sizes its consoles from COLUMNS when they are created (gdnbench.cli.app's, at import): wide enough
 # that table cells are not wrapped, also in pytest-xdist workers, whose stdout is not a terminal.
 os.environ["COLUMNS"] = "250"
+# pytest-xdist runs one worker per core, and each worker's torch (OpenMP) and BLAS pools would take every core too:
+# on 2 cores, test_train.py and test_journal.py took 103 s with the default pools, 26 s with one thread per worker.
+# Set before torch loads; the subprocesses tests start inherit it.
+if os.environ.get("PYTEST_XDIST_WORKER"):
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
 # what gdnbench writes at run time (autotune entries, Helion configs) goes to a throwaway user cache, never
 # the developer's ~/.cache/gdnbench
 if "GDNBENCH_CACHE_DIR" not in os.environ:
