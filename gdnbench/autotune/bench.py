@@ -141,14 +141,13 @@ class _Bench:
         out_k, out_rk, out_ssq = (None, None, None) if self.kda else (k, rk, ssq)
         h, vn, _ = ops.state_recurrence(state_k, w, u, g_cs, initial_state=h0,
                                         output_final_state=True, varlen=info, config=cfg)
-        # GDN's one pass: its own q k^T gram (and q's rstd under the fused routes) for state_out
+        # GDN's one pass: its own q k^T gram (and q's rstd under the fused routes) for state_out; under fused_qk
+        # also the quads the loop's k_rstd_tile reads, whose first two columns are the pairs the other forms read
         a1, cq = (None, None) if self.kda else ops.chunk_aqk(q, k, g_cs, fuse_q=fuse_q, ssq_k=ssq, rstd_k=rk,
-                                                             varlen=info, config=cfg)
-        # fused_qk: the quads the loop's k_rstd_tile reads (q's pairs and k's rstd in one tile)
+                                                             k_tile=rk is not None, varlen=info, config=cfg)
         cq4 = None
-        if not self.kda and rk is not None:
-            cq4 = ops.chunk_aqk(q, k, g_cs, fuse_q=fuse_q, ssq_k=ssq, rstd_k=rk, k_tile=True, varlen=info,
-                                config=cfg)[1]
+        if rk is not None and cq is not None:
+            cq4, cq = cq, cq[..., :2].contiguous()
         self._stage[route, gates] = dict(q=q, k=k, g_cs=g_cs, A=A, aqk=aqk, rk=rk, w=w, u=u, h0=h0, h=h, vn=vn,
                                          info=info, fuse_k=fuse_k, fuse_q=fuse_q, state_k=state_k,
                                          out_k=out_k, out_rk=out_rk, out_ssq=out_ssq, a1=a1, cq=cq, cq4=cq4)
