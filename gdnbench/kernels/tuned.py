@@ -61,7 +61,7 @@ TUNED_PREFIX = "tuned: "  # Winners.label: TUNED_PREFIX + "kernel[config], ..."
 # GDNBENCH_TUNED=0: `gdnbench run` ignores the cache; =own: it takes this GPU's entries only, borrowing none
 DISABLE_ENV = "GDNBENCH_TUNED"
 # an entry found for another GPU of the same compute capability (find_entry's borrow) carries that GPU's name
-# under this field.  The shipped winners are the H200's, and an H100's at 14 keys; with the H200's borrowed for every
+# under this field.  The shipped winners are the H200's, and an H100's at 20 keys; with the H200's borrowed for every
 # key, an H100 80GB HBM3 (sm_90 too) took ours to 0.494x the built-in defaults on kda-legacy6 and 0.678x on
 # gdn-qwen6 (gpu geomeans, 24 rows; explicit at h96_fixed 2953 -> 1573 us, at h16_hv32_fixed32k 1725 -> 1113;
 # README, "H100")
