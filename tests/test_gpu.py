@@ -121,3 +121,46 @@ def test_one_pass_matches_the_two_kernels(norm):
     (o1, s1), (o2, s2) = outs
     assert torch.isfinite(o1).all() and torch.isfinite(s1).all()
     assert rel(o1, o2) < 1e-2 and rel(s1, s2) < 1e-2, (rel(o1, o2), rel(s1, s2))
+
+
+@pytest.mark.parametrize("segments", [1, 4])
+def test_in_loop_k_tile_forms_on_the_gpu(segments):
+    """fused_qk's in-loop forms as the tuned entries run them (bf16, K = V = 128, BK 64, BV 64, 4 warps, 3 stages),
+    packed sequences with initial states, one segment or four with split_v: k's rstd as a vector, from aqk's quad
+    tile, and with c_last from that tile.  The tile forms agree with the vector form to bf16 rounding, c_last from
+    the tile is bitwise the tile form (the interpreter checks the same on the CPU: tests/test_ops_in_loop.py), and
+    all three agree with the two-kernel path."""
+    import dataclasses
+
+    import torch
+
+    from gdnbench.kernels import ops
+    from gdnbench.kernels.config import KernelConfig
+
+    torch.manual_seed(1)
+    T, H, HV, K, V = 1500, 2, 4, 128, 128
+    q = torch.randn(1, T, H, K, device="cuda", dtype=torch.bfloat16)
+    k = torch.randn(1, T, H, K, device="cuda", dtype=torch.bfloat16) * 3
+    v = torch.randn(1, T, HV, V, device="cuda", dtype=torch.bfloat16)
+    g = torch.nn.functional.logsigmoid(torch.randn(1, T, HV, device="cuda") + 2)
+    beta = torch.rand(1, T, HV, device="cuda")
+    cu = torch.tensor([0, 100, 163, 1200, 1500], device="cuda")
+    h0 = torch.randn(4, HV, K, V, device="cuda") * 0.1
+    base = dataclasses.replace(ops.default_config(K, V), one_pass=True, in_loop="wu")
+    loop = KernelConfig(BK=64, BV=64, num_warps=4, num_stages=3, segments=segments, split_v=segments == 4,
+                        early_beta=True)
+
+    def run(config):
+        return ops.chunk_gdn(q, k, v, g, beta, initial_state=h0, output_final_state=True, cu_seqlens=cu,
+                             norm="fused_qk", config=config)
+
+    vec = run(dataclasses.replace(base, fused_out=loop))
+    tile = run(dataclasses.replace(base, fused_out=dataclasses.replace(loop, k_rstd_tile=True)))
+    summed = run(dataclasses.replace(base, fused_out=dataclasses.replace(loop, k_rstd_tile=True,
+                                                                         c_last_from_tile=True)))
+    two = run(dataclasses.replace(ops.default_config(K, V), one_pass=False))
+    rel = lambda a, b: ((a.float() - b.float()).norm() / b.float().norm()).item()  # noqa: E731
+    assert all(torch.isfinite(x).all() for x in vec + tile + summed)
+    assert all(torch.equal(a, b) for a, b in zip(tile, summed))
+    assert all(rel(a, b) < 1e-2 for a, b in zip(tile, vec)), [rel(a, b) for a, b in zip(tile, vec)]
+    assert all(rel(a, b) < 1e-2 for a, b in zip(tile, two)), [rel(a, b) for a, b in zip(tile, two)]
