@@ -10,7 +10,9 @@ from gdnbench.data.shapes import Shape, ShapeSet
 from gdnbench.oracle.check import rel_rms
 from gdnbench.bench.timing import TimingParams
 
-pytestmark = pytest.mark.gpu
+pytestmark = [pytest.mark.gpu, pytest.mark.skipif(
+    os.environ.get("TRITON_INTERPRET") == "1",
+    reason="Triton's interpreter is on in this process (the CPU kernel tests): run `pytest -m gpu tests/`")]
 
 SMALL = ShapeSet("gpu-small", 1, "", "", (
     Shape(id="gdn", family="gdn", H=2, HV=4, K=128, V=128, lens=(300, 200), seed=7, gate="logsigmoid",

@@ -1,0 +1,35 @@
+"""`pytest -m gpu tests/` collects the GPU tests without the modules that switch Triton's interpreter on."""
+
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+from tests.conftest import _INTERPRETER_ON
+
+TESTS = Path(__file__).parent
+# collects as `pytest -m gpu tests/` does, then prints the collected ids and the interpreter switch as it stands
+_COLLECT = """import os, sys, pytest
+class Report:
+    def pytest_collection_finish(self, session):
+        print("ids", *[i.nodeid for i in session.items])
+        print("TRITON_INTERPRET", os.environ.get("TRITON_INTERPRET"))
+sys.exit(pytest.main(["-p", "no:cacheprovider", "--collect-only", "-q", "-m", "gpu", "tests"], plugins=[Report()]))
+"""
+
+
+def test_every_module_that_switches_the_interpreter_on_is_recognized():
+    setters = [p for p in TESTS.glob("*.py") if re.search(r"^os\.environ.*TRITON_INTERPRET", p.read_text(), re.M)]
+    assert len(setters) >= 5
+    for p in setters:
+        assert any(s in p.read_text() for s in _INTERPRETER_ON), p.name
+
+
+def test_gpu_selection_leaves_the_interpreter_off():
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    out = subprocess.run([sys.executable, "-c", _COLLECT], capture_output=True, text=True, cwd=TESTS.parent, env=env,
+                         timeout=300).stdout
+    lines = dict(line.split(" ", 1) for line in out.splitlines() if line.startswith(("ids ", "TRITON_INTERPRET ")))
+    assert "tests/test_gpu.py::test_small_heads_on_the_gpu" in lines.get("ids", ""), out[-2000:]
+    assert lines.get("TRITON_INTERPRET") == "None", out[-2000:]
