@@ -1,4 +1,5 @@
 import os
+import re
 
 import pytest
 
@@ -22,14 +23,18 @@ if "GDNBENCH_CACHE_DIR" not in os.environ:
 _INTERPRETER_ON = ('os.environ["TRITON_INTERPRET"] = "1"', 'os.environ.setdefault("TRITON_INTERPRET", "1")')
 
 
+def switches_interpreter_on(text: str) -> bool:
+    """Whether a module's source sets the interpreter at module level (a line of its own, not a mention in a string)."""
+    return any(re.search("^" + re.escape(s), text, re.M) for s in _INTERPRETER_ON)
+
+
 def pytest_ignore_collect(collection_path, config):
     """Under ``-m gpu``, leave out the modules that switch Triton's interpreter on: once one is imported, every
     kernel the process compiles runs interpreted, and the GPU tests ran so (on an H100 six of the first nine failed
     and the run was cut at 400 s)."""
     if config.getoption("markexpr", "") != "gpu" or collection_path.suffix != ".py":
         return None
-    text = collection_path.read_text(encoding="utf-8")
-    return True if any(s in text for s in _INTERPRETER_ON) else None
+    return True if switches_interpreter_on(collection_path.read_text(encoding="utf-8")) else None
 
 
 def pytest_collection_modifyitems(config, items):

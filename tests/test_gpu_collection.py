@@ -6,7 +6,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from tests.conftest import _INTERPRETER_ON
+from tests.conftest import switches_interpreter_on
 
 TESTS = Path(__file__).parent
 # collects as `pytest -m gpu tests/` does, then prints the collected ids and the interpreter switch as it stands
@@ -23,7 +23,8 @@ def test_every_module_that_switches_the_interpreter_on_is_recognized():
     setters = [p for p in TESTS.glob("*.py") if re.search(r"^os\.environ.*TRITON_INTERPRET", p.read_text(), re.M)]
     assert len(setters) >= 5
     for p in setters:
-        assert any(s in p.read_text() for s in _INTERPRETER_ON), p.name
+        assert switches_interpreter_on(p.read_text()), p.name
+    assert not switches_interpreter_on((TESTS / "conftest.py").read_text())  # it names the patterns, sets nothing
 
 
 def test_gpu_selection_leaves_the_interpreter_off():
