@@ -1,7 +1,7 @@
 """Where gdnbench reads and writes: package data, the per-user cache, results, its own source tree.
 
-- package data ships inside the package (a wheel carries it): the frozen shape sets
-  (``gdnbench/data/shape_sets``) and the tuned winners measured on the GPUs we ran
+- package data ships inside the package (a wheel carries it): the frozen shape sets (``shapes/`` in a
+  checkout, installed as ``gdnbench/shape_sets``) and the tuned winners measured on the GPUs we ran
   (``gdnbench/kernels/tuned_configs``);
 - what gdnbench writes at run time (autotune entries, Helion configs) goes to the per-user cache
   ``$GDNBENCH_CACHE_DIR``, else ``$XDG_CACHE_HOME/gdnbench``, else ``~/.cache/gdnbench``: an
@@ -17,7 +17,9 @@ import os
 from pathlib import Path
 
 PACKAGE_DIR = Path(__file__).resolve().parent
-SHAPE_SETS_DIR = PACKAGE_DIR / "data" / "shape_sets"
+# installed: gdnbench/shape_sets (pyproject.toml maps shapes/ there); a checkout: shapes/ beside the package
+_INSTALLED_SHAPE_SETS = PACKAGE_DIR / "shape_sets"
+SHAPE_SETS_DIR = _INSTALLED_SHAPE_SETS if _INSTALLED_SHAPE_SETS.is_dir() else PACKAGE_DIR.parent / "shapes"
 SHIPPED_TUNED_DIR = PACKAGE_DIR / "kernels" / "tuned_configs"
 CACHE_ENV = "GDNBENCH_CACHE_DIR"
 

@@ -35,11 +35,21 @@ def test_wheel_carries_every_shape_set_and_tuned_winner(wheel):
     names = set(zipfile.ZipFile(wheel).namelist())
     for p in paths.SHAPE_SETS_DIR.iterdir():
         if p.suffix in (".toml", ".json"):
-            assert f"gdnbench/data/shape_sets/{p.name}" in names, p.name
+            assert f"gdnbench/shape_sets/{p.name}" in names, p.name
     shipped = sorted(paths.SHIPPED_TUNED_DIR.glob("*/*.json"))
     assert shipped, "no shipped tuned winners"
     for p in shipped:
         assert f"gdnbench/kernels/tuned_configs/{p.parent.name}/{p.name}" in names, p
+
+
+def test_the_package_list_in_pyproject_is_every_package_of_the_tree():
+    """pyproject.toml lists the packages (it maps shapes/ to gdnbench.shape_sets): a new subpackage must be added."""
+    import tomllib
+
+    listed = tomllib.loads((REPO / "pyproject.toml").read_text())["tool"]["setuptools"]["packages"]
+    found = {".".join(p.parent.relative_to(REPO).parts) for p in (REPO / "gdnbench").rglob("__init__.py")}
+    assert set(listed) == found | {"gdnbench.shape_sets"}
+    assert paths.SHAPE_SETS_DIR == REPO / "shapes"  # this checkout's sets, not an installed copy
 
 
 def test_unpacked_wheel_loads_every_shipped_set_and_the_winners(wheel, tmp_path):

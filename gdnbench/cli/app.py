@@ -386,7 +386,7 @@ def plot(
 
 @shapes_app.command("list")
 def shapes_list():
-    """The shape sets shipped with gdnbench (gdnbench/data/shape_sets/)."""
+    """The shape sets shipped with gdnbench (shapes/ in a checkout, gdnbench/shape_sets installed)."""
     rows = []
     for name, path in shp.available().items():
         with _bad_input_exits():

@@ -1,4 +1,5 @@
-"""Frozen, versioned shape sets: <name>.toml -> typed `Shape`s (the shipped ones in gdnbench/data/shape_sets/).
+"""Frozen, versioned shape sets: <name>.toml -> typed `Shape`s (the shipped ones in shapes/, installed as
+gdnbench/shape_sets/).
 
 A shape-set file has top-level `name`, `version`, `hash`, optional `description`,
 an optional `[defaults]` table merged under every `[[shape]]`, and the shapes.
