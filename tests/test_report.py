@@ -70,6 +70,19 @@ def test_standard_pairs_follow_the_rows():
     assert not any("helion" in p for p in pairs)
 
 
+def test_fused_routes_pair_with_flag_where_a_backend_has_no_explicit_row():
+    rows = [row("a", "gdnbench", "flag", 200, 100), row("a", "gdnbench", "fused_q", 190, 95),
+            row("a", "gdnbench", "fused_qk", 180, 90)]
+    assert rep.standard_pairs(doc(rows)) == ["gdnbench:fused_q/gdnbench:flag", "gdnbench:fused_qk/gdnbench:flag"]
+    assert rep.geomean(doc(rows), "gdnbench:fused_qk/gdnbench:flag", "gpu").value == pytest.approx(0.9)
+    assert "gdnbench:flag/gdnbench:explicit" in rep.standard_pairs(doc(ROWS + [row("a", "gdnbench", "flag", 1, 1)]))
+
+
+def test_a_report_without_pairs_has_no_geomean_table():
+    titles = [t.title for t in rep.report_tables(doc([row("a", "gdnbench", "flag", 200, 100)]))]
+    assert not any(t.startswith("geomean time ratios") for t in titles) and titles[0].startswith("t v1")
+
+
 def test_standard_pairs_set_ours_against_the_leaders():
     rows = ROWS + [row("a", "flashqla", "flag", 150, 75), row("a", "fla-dispatch", "flag", 160, 80)]
     pairs = rep.standard_pairs(doc(rows))

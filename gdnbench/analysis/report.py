@@ -124,15 +124,17 @@ def geomean(doc: RunDocument, pair: str, kind: str, mode: str = "fwd") -> Geomea
 
 def standard_pairs(doc: RunDocument) -> list[str]:
     """The pairs that make sense for the rows present: flag/explicit per backend, the fused
-    routes against explicit, ours against each other backend (same route, best, vs flag)."""
+    routes against explicit (against flag where the backend has no explicit row), ours against each
+    other backend (same route, best, vs flag)."""
     present = _columns(doc)
     backends = [b for b, _ in present]
     have = set(present)
     pairs = []
     for b in dict.fromkeys(backends):
+        base = next((r for r in ("explicit", "flag") if (b, r) in have), None)
         for r in ("flag", "fused_q", "fused_qk"):
-            if (b, r) in have and (b, "explicit") in have:
-                pairs.append(f"{b}:{r}/{b}:explicit")
+            if base and r != base and (b, r) in have:
+                pairs.append(f"{b}:{r}/{b}:{base}")
         if (b, "megatron_flag") in have and (b, "megatron") in have:
             pairs.append(f"{b}:megatron_flag/{b}:megatron")
     ours = "gdnbench"
@@ -248,7 +250,8 @@ def check_table(doc: RunDocument, mode: str = "fwd") -> Table:
                  rows, notes)
 
 
-def geomean_table(doc: RunDocument, pairs: list[str] | None = None, mode: str = "fwd") -> Table:
+def geomean_table(doc: RunDocument, pairs: list[str] | None = None, mode: str = "fwd") -> Table | None:
+    """The geomean of each pair (the standard pairs unless ``pairs``); None where there is no pair."""
     rows, notes = [], []
     kinds = kinds_present(doc)
     for pair in dict.fromkeys(pairs or standard_pairs(doc)):  # a --pair that is also a standard pair: once
@@ -257,6 +260,8 @@ def geomean_table(doc: RunDocument, pairs: list[str] | None = None, mode: str = 
         for e in dict.fromkeys(e for g in gs for e in g.excluded):
             kinds = [g.kind for g in gs if e in g.excluded]
             notes.append(f"{pair}: excluded {e}" + ("" if len(kinds) == len(gs) else f" [{','.join(kinds)} only]"))
+    if not rows:
+        return None
     return Table("geomean time ratios (NUM/DEN; < 1 means NUM is faster)", ["pair"] + kinds, rows, notes)
 
 
@@ -473,7 +478,7 @@ def report_tables(doc: RunDocument, baseline: str | None = None, pairs: list[str
     tables = [time_table(doc, mode)]
     if base:
         tables.append(ratio_table(doc, base, kinds_present(doc)[-1], mode))
-    tables += [geomean_table(doc, pairs, mode), check_table(doc, mode), spread_table(doc, mode)]
+    tables += [t for t in (geomean_table(doc, pairs, mode), check_table(doc, mode), spread_table(doc, mode)) if t]
     for extra in (kernel_table(doc, mode), fusion_table(doc, mode)):
         if extra is not None:
             tables.append(extra)
