@@ -18,7 +18,8 @@ class Report:
     def pytest_collection_finish(self, session):
         print("ids", *[i.nodeid for i in session.items])
         print("TRITON_INTERPRET", os.environ.get("TRITON_INTERPRET"))
-sys.exit(pytest.main(["-p", "no:cacheprovider", "--collect-only", "-q", "-m", sys.argv[1], "tests"], plugins=[Report()]))
+sys.exit(pytest.main(["-p", "no:cacheprovider", "--collect-only", "-q", "-m", sys.argv[1], "tests"],
+                     plugins=[Report()]))
 """
 
 
@@ -42,8 +43,8 @@ def test_which_mark_expressions_select_gpu_tests_only(markexpr, only_gpu):
 @pytest.mark.parametrize("markexpr", ["gpu", "gpu and not interpreter"])
 def test_gpu_selection_leaves_the_interpreter_off(markexpr):
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    out = subprocess.run([sys.executable, "-c", _COLLECT, markexpr], capture_output=True, text=True, cwd=TESTS.parent, env=env,
-                         timeout=300).stdout
+    out = subprocess.run([sys.executable, "-c", _COLLECT, markexpr], capture_output=True, text=True,
+                         cwd=TESTS.parent, env=env, timeout=300).stdout
     lines = dict(line.split(" ", 1) for line in out.splitlines() if line.startswith(("ids ", "TRITON_INTERPRET ")))
     assert "tests/test_gpu.py::test_small_heads_on_the_gpu" in lines.get("ids", ""), out[-2000:]
     assert lines.get("TRITON_INTERPRET") == "None", out[-2000:]

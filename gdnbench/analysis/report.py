@@ -122,6 +122,12 @@ def geomean(doc: RunDocument, pair: str, kind: str, mode: str = "fwd") -> Geomea
     return Geomean(pair, kind, geomean_of(list(per.values())), len(per), len(ids), excluded, per)
 
 
+# the route a fused route is set against (its geomean pair and its floor), in order: our backends' flag runs the same
+# kernels as explicit, its norm pass inside the op instead of before it (a run of flag and fused_qk alone has no
+# explicit row)
+FLOOR_ROUTES = ("explicit", "flag")
+
+
 def standard_pairs(doc: RunDocument) -> list[str]:
     """The pairs that make sense for the rows present: flag/explicit per backend, the fused
     routes against explicit (against flag where the backend has no explicit row), ours against each
@@ -131,7 +137,7 @@ def standard_pairs(doc: RunDocument) -> list[str]:
     have = set(present)
     pairs = []
     for b in dict.fromkeys(backends):
-        base = next((r for r in ("explicit", "flag") if (b, r) in have), None)
+        base = next((r for r in FLOOR_ROUTES if (b, r) in have), None)
         for r in ("flag", "fused_q", "fused_qk"):
             if base and r != base and (b, r) in have:
                 pairs.append(f"{b}:{r}/{b}:{base}")
@@ -332,10 +338,6 @@ def _excess_by_kernel(fused: Row, base: Row) -> str:
     shown = [f"{n} {d:+.1f}" for n, d in sorted(diffs, key=lambda nd: -abs(nd[1])) if abs(d) >= 0.05]
     return "; ".join(shown[:KERNELS_SHOWN]) or "-"
 
-
-# the route a fused route's floor is taken from, in order: our backends' flag runs the same kernels as explicit, its
-# norm pass inside the op instead of before it (a run of flag and fused_qk alone has no explicit row)
-FLOOR_ROUTES = ("explicit", "flag")
 
 
 def fusion_table(doc: RunDocument, mode: str = "fwd") -> Table | None:
