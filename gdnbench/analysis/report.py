@@ -339,7 +339,6 @@ def _excess_by_kernel(fused: Row, base: Row) -> str:
     return "; ".join(shown[:KERNELS_SHOWN]) or "-"
 
 
-
 def fusion_table(doc: RunDocument, mode: str = "fwd") -> Table | None:
     """Each fused route against its zero-cost floor: the explicit route's kernels (flag's where the run has no
     explicit row) less the norm launches the fused route no longer makes (that route's norm time less the fused
@@ -480,10 +479,9 @@ def report_tables(doc: RunDocument, baseline: str | None = None, pairs: list[str
     tables = [time_table(doc, mode)]
     if base:
         tables.append(ratio_table(doc, base, kinds_present(doc)[-1], mode))
-    tables += [t for t in (geomean_table(doc, pairs, mode), check_table(doc, mode), spread_table(doc, mode)) if t]
-    for extra in (kernel_table(doc, mode), fusion_table(doc, mode)):
-        if extra is not None:
-            tables.append(extra)
+    optional = (geomean_table(doc, pairs, mode), check_table(doc, mode), spread_table(doc, mode),
+                kernel_table(doc, mode), fusion_table(doc, mode))
+    tables += [t for t in optional if t is not None]
     if mode == "fwd_bwd":
         tables += [grad_table(doc), layer_table(doc), memory_table(doc)]
     if mode == "decode":
