@@ -138,7 +138,7 @@ def standard_pairs(doc: RunDocument) -> list[str]:
     pairs = []
     for b in dict.fromkeys(backends):
         base = next((r for r in FLOOR_ROUTES if (b, r) in have), None)
-        for r in ("flag", "fused_q", "fused_qk"):
+        for r in ("flag", *FUSED_ROUTES):
             if base and r != base and (b, r) in have:
                 pairs.append(f"{b}:{r}/{b}:{base}")
         if (b, "megatron_flag") in have and (b, "megatron") in have:
@@ -154,7 +154,7 @@ def standard_pairs(doc: RunDocument) -> list[str]:
         for r in ("explicit", "flag"):
             if (ours, r) in have and (other, r) in have:
                 pairs.append(f"{ours}:{r}/{other}:{r}")
-        for r in ("fused_q", "fused_qk"):
+        for r in FUSED_ROUTES:
             if (ours, r) in have and (other, "flag") in have:
                 pairs.append(f"{ours}:{r}/{other}:flag")
         pairs.append(f"{ours}:best/{other}:best")
