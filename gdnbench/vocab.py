@@ -12,14 +12,17 @@ from __future__ import annotations
 FAMILIES = ("gdn", "kda")
 MODES = ("fwd", "fwd_bwd", "decode")
 
-ROUTES = ("explicit", "flag", "fused_q", "fused_qk")  # forward mode
+PLAIN_ROUTES = ("explicit", "flag")  # the caller's l2norm, or the kernel's flag: the routes every backend has
+FUSED_ROUTES = ("fused_q", "fused_qk")  # the norm folded into our kernels
+ROUTES = PLAIN_ROUTES + FUSED_ROUTES  # forward mode
 MEGATRON_ROUTES = ("megatron", "megatron_flag")
-TRAIN_ROUTES = ("explicit", "flag") + MEGATRON_ROUTES  # fwd_bwd mode
-DECODE_ROUTES = ("explicit", "flag")  # decode mode (fused routes: only where a backend has them)
+TRAIN_ROUTES = PLAIN_ROUTES + MEGATRON_ROUTES  # fwd_bwd mode
+DECODE_ROUTES = PLAIN_ROUTES  # decode mode (fused routes: only where a backend has them)
 ROUTES_BY_MODE = {"fwd": ROUTES, "fwd_bwd": TRAIN_ROUTES, "decode": DECODE_ROUTES}
 ALL_ROUTES = tuple(dict.fromkeys(ROUTES + TRAIN_ROUTES))
-FUSED_ROUTES = ("fused_q", "fused_qk")  # the norm folded into our kernels
 NO_BACKWARD_ROUTES = FUSED_ROUTES
+# our kernels' norm argument (kernels/ops.py): a route's name, but "none" where the caller normalized (explicit)
+NORM_MODES = ("none", "flag") + FUSED_ROUTES
 
 # A results row's status: `ok` passed the gate and was timed; `incorrect` failed the gate (figures, no
 # time); `skipped`: the backend cannot run the combination; `error`: it raised, or its worker died.

@@ -14,7 +14,7 @@ import math
 from dataclasses import dataclass, field
 
 from ..data.records import TIME_KINDS, Row, RunDocument
-from ..vocab import ALL_ROUTES, FUSED_ROUTES, MODES, ROUTES  # noqa: F401  (MODES: the report command checks --mode)
+from ..vocab import ALL_ROUTES, FUSED_ROUTES, MODES, PLAIN_ROUTES, ROUTES  # noqa: F401  (MODES: the report command checks --mode)
 from .tables import FORMATS, Table, fmt_us, to_csv, to_json, to_markdown, to_rich, to_text  # noqa: F401
 
 MODE_TITLES = {"fwd_bwd": " (one forward + backward step)", "decode": " (one decode step)"}
@@ -125,7 +125,7 @@ def geomean(doc: RunDocument, pair: str, kind: str, mode: str = "fwd") -> Geomea
 # the route a fused route is set against (its geomean pair and its floor), in order: our backends' flag runs the same
 # kernels as explicit, its norm pass inside the op instead of before it (a run of flag and fused_qk alone has no
 # explicit row)
-FLOOR_ROUTES = ("explicit", "flag")
+FLOOR_ROUTES = PLAIN_ROUTES
 
 
 def standard_pairs(doc: RunDocument) -> list[str]:
@@ -151,7 +151,7 @@ def standard_pairs(doc: RunDocument) -> list[str]:
     for other in ("fla", "fla-dispatch", "flashqla", "flashinfer", "helion", "helion-linear"):
         if ours not in backends or other not in backends:
             continue
-        for r in ("explicit", "flag"):
+        for r in PLAIN_ROUTES:
             if (ours, r) in have and (other, r) in have:
                 pairs.append(f"{ours}:{r}/{other}:{r}")
         for r in FUSED_ROUTES:

@@ -27,6 +27,7 @@ from ..bench.protocol import serve
 from ..data.shapes import GATE_REGIMES
 from ..kernels.cache_key import KERNEL_FUNCTIONS, device_env, device_identity
 from ..kernels.tuned import loop_reads_k_tile
+from ..vocab import FUSED_ROUTES
 from .space import dtype_bytes, full_config, Point
 
 
@@ -126,7 +127,7 @@ class _Bench:
             return self._stage[route, gates]
         x = self.full_inputs(gates)
         ops, cfg, info = self.ops, self.base, self.info[id(x)]
-        fuse_k, fuse_q = route == "fused_qk", route in ("fused_q", "fused_qk")
+        fuse_k, fuse_q = route == "fused_qk", route in FUSED_ROUTES
         k = x.k if fuse_k else ops.l2norm(x.k)
         q = x.q if fuse_q else ops.l2norm(x.q)
         h0 = None if x.initial_state is None else x.initial_state.float().contiguous()

@@ -21,8 +21,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Callable
 
-from ..vocab import (ALL_ROUTES, DECODE_ROUTES, FAMILIES, MODES, NO_BACKWARD_ROUTES, ROUTES,  # noqa: F401
-                     ROUTES_BY_MODE, TRAIN_ROUTES)
+from ..vocab import (ALL_ROUTES, DECODE_ROUTES, FAMILIES, FUSED_ROUTES, MODES, NO_BACKWARD_ROUTES,  # noqa: F401
+                     PLAIN_ROUTES, ROUTES, ROUTES_BY_MODE, TRAIN_ROUTES)
 
 
 @dataclass(frozen=True)

@@ -30,7 +30,7 @@ import os
 import re
 
 from ..data.results import dist_version
-from .base import DECODE_ROUTES, TRAIN_ROUTES, YES, Backend, no, one_line
+from .base import DECODE_ROUTES, PLAIN_ROUTES, TRAIN_ROUTES, YES, Backend, no, one_line
 
 CHUNK = 64
 DISTS = ("fla-core", "flash-linear-attention")  # FLA's wheel, under either name
@@ -61,7 +61,7 @@ def gdn_backward_refused(capability: tuple[int, int], triton_version: str) -> bo
 
 class FlaBackend(Backend):
     name = "fla"
-    routes = ("explicit", "flag")
+    routes = PLAIN_ROUTES
     train_routes = TRAIN_ROUTES
     decode_routes = DECODE_ROUTES
     devices = ("cuda",)

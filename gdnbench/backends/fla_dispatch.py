@@ -14,7 +14,7 @@ import os
 import sys
 
 from ..data.results import dist_version
-from .base import TRAIN_ROUTES, YES, Support, no, one_line
+from .base import PLAIN_ROUTES, TRAIN_ROUTES, YES, Support, no, one_line
 from .fla import HOPPER_BWD_REFUSED, INSTALL_HINT, FlaBackend, gdn_backward_refused
 from .flashqla import leader_support
 
@@ -55,7 +55,7 @@ def dispatch_log() -> list[str]:
 
 class FlaDispatchBackend(FlaBackend):
     name = "fla-dispatch"
-    routes = ("explicit", "flag")
+    routes = PLAIN_ROUTES
     train_routes = TRAIN_ROUTES
     decode_routes = ()
     no_decode = "is measured in prefill only (mode decode runs `fla`)"

@@ -50,7 +50,7 @@ from __future__ import annotations
 
 import sys
 
-from .base import YES, Backend, no, one_line
+from .base import PLAIN_ROUTES, YES, Backend, no, one_line
 from ..data.results import dist_version
 
 DIST = "flashinfer-python"
@@ -257,11 +257,11 @@ def to_flashinfer_decode(inputs, shape) -> dict:
 # ----------------------------------------------------------------------------- the adapter
 class FlashinferBackend(Backend):
     name = "flashinfer"
-    routes = ("explicit", "flag")
+    routes = PLAIN_ROUTES
     families = ("gdn", "kda")
     devices = ("cuda",)
     no_backward = "has no backward (its GDN prefill and KDA kernels are forward-only, no autograd)"
-    decode_routes = ("explicit", "flag")
+    decode_routes = PLAIN_ROUTES
 
     def __init__(self):
         self._ran: dict[str, list[str]] = {}  # shape id -> the prefill entry points its first call ran

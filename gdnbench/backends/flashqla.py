@@ -23,7 +23,7 @@ the pass once on PRIME_ROWS rows (and its backward, in fwd_bwd), and each leader
 from __future__ import annotations
 
 from ..data.results import dist_version
-from .base import TRAIN_ROUTES, YES, no, one_line
+from .base import PLAIN_ROUTES, TRAIN_ROUTES, YES, no, one_line
 from .fla import INSTALL_HINT as FLA_INSTALL_HINT
 from .fla import FlaBackend, fla_version
 
@@ -93,7 +93,7 @@ def cp_decision(shape, device: str = "cuda") -> str:
 
 class FlashQLABackend(FlaBackend):
     name = "flashqla"
-    routes = ("explicit", "flag")
+    routes = PLAIN_ROUTES
     families = ("gdn",)
     train_routes = TRAIN_ROUTES
     decode_routes = ()

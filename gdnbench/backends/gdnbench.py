@@ -8,12 +8,12 @@ On the CPU the kernels run under TRITON_INTERPRET=1 (the worker sets it for --de
 
 from __future__ import annotations
 
-from .base import YES, Backend, no, one_line
+from .base import ROUTES, YES, Backend, no, one_line
 
 
 class GdnbenchBackend(Backend):
     name = "gdnbench"
-    routes = ("explicit", "flag", "fused_q", "fused_qk")
+    routes = ROUTES
     families = ("gdn", "kda")
     devices = ("cuda", "cpu")
     no_backward = "has no backward (gdnbench.kernels.ops is a forward-only Triton op, no autograd)"

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from .base import no
+from .base import PLAIN_ROUTES, no
 from .gdnbench import GdnbenchBackend
 
 
@@ -60,7 +60,7 @@ class GdnbenchFusedWuBackend(GdnbenchBackend):
 
 class GdnbenchFusedWuAqkBackend(GdnbenchFusedWuBackend):
     name = "gdnbench-fusedwu-aqk"
-    routes = ("explicit", "flag")
+    routes = PLAIN_ROUTES
     in_loop = "wu_aqk"
     untuned = ("fused_out",)  # its loop runs at the default config: fused_out's winners are the "wu" form's
 

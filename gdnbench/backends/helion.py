@@ -50,7 +50,7 @@ import warnings
 from pathlib import Path
 
 from ..data.results import dist_version, slug, write_atomic
-from .base import YES, Backend, Support, no, one_line
+from .base import PLAIN_ROUTES, YES, Backend, Support, no, one_line
 
 DIST = "helion"
 EXAMPLES_ENV = "GDNBENCH_HELION_EXAMPLES"
@@ -168,7 +168,7 @@ def save_config(cache_dir: Path, key: dict, config) -> Path:
 # ----------------------------------------------------------------------------- our Helion kernels
 class HelionBackend(Backend):
     name = "helion"
-    routes = ("explicit", "flag", "fused_q")
+    routes = PLAIN_ROUTES + ("fused_q",)
     families = ("gdn", "kda")
     devices = ("cuda",)
     no_backward = "has no backward (our Helion GDN kernels are a forward-only pipeline, no autograd)"
@@ -328,7 +328,7 @@ def pretuned_files(root: Path) -> list[str]:
 
 class HelionLinearBackend(Backend):
     name = "helion-linear"
-    routes = ("explicit", "flag")
+    routes = PLAIN_ROUTES
     families = ("gdn", "kda")
     devices = ("cuda",)
     no_backward = "is run forward-only here (its autograd backward is not adapted)"

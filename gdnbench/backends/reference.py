@@ -6,7 +6,7 @@ back in place at the pool's dtype)."""
 
 from __future__ import annotations
 
-from .base import DECODE_ROUTES, TRAIN_ROUTES, Backend
+from .base import DECODE_ROUTES, PLAIN_ROUTES, TRAIN_ROUTES, Backend
 
 VARIANTS = {"explicit": " (caller l2norm)", "flag": " (l2norm inside)",
             "megatron": " (megatron: l2norm on fused q|k, split, repeat_interleave to HV heads)",
@@ -15,7 +15,7 @@ VARIANTS = {"explicit": " (caller l2norm)", "flag": " (l2norm inside)",
 
 class ReferenceBackend(Backend):
     name = "reference"
-    routes = ("explicit", "flag")
+    routes = PLAIN_ROUTES
     train_routes = TRAIN_ROUTES
     decode_routes = DECODE_ROUTES
     devices = ("cpu", "cuda")

@@ -28,6 +28,8 @@ import sys
 import tempfile
 from dataclasses import dataclass
 
+from ..vocab import NORM_MODES
+
 ARCHS = {"sm_90": 90, "sm_100": 100, "sm_103": 103}
 # opt-in shared memory per block: 227 KB on H100/H200 (sm_90) and B200/GB200/B300/GB300 (sm_100/sm_103)
 SMEM_LIMIT = {90: 232448, 100: 232448, 103: 232448}
@@ -104,7 +106,7 @@ def routes():
     GDN's one-pass path also in its opt-in in_loop forms ("wu_aqk" takes norm none / flag only), KDA's also in
     16-token tiles (in_loop "chunk16": GDNConfig.kda_chunk16)."""
     for family in ("gdn", "kda"):
-        for norm in ("none", "flag", "fused_q", "fused_qk"):
+        for norm in NORM_MODES:
             for varlen in (False, True):
                 paths = [(None, None), (True, None), (None, "chunk16")]  # KDA: also both in one pass, 16-token tiles
                 if family == "gdn":

@@ -52,6 +52,7 @@ from dataclasses import dataclass
 
 import torch
 
+from ..vocab import FUSED_ROUTES, NORM_MODES
 from .common import FLAG_BLOCK as _FLAG_BLOCK, l2norm_kernel
 from .config import (
     CHUNK_SIZE,
@@ -105,7 +106,6 @@ __all__ = [
     "validate",
 ]
 
-NORM_MODES = ("none", "flag", "fused_q", "fused_qk")
 FLAG_BLOCK = _FLAG_BLOCK.value  # flags per program of a fix-up launch
 KDA_MIN_LOWER_BOUND = -5.0  # the bounded form's gate factors are sized for g >= -5 (kernels/intra.py)
 
@@ -718,7 +718,7 @@ def _forward(q, k, v, g, beta, scale, initial_state, output_final_state, cu_seql
         k = l2norm(k, config.l2norm, on_launch)
     if norm == "flag":
         q = l2norm(q, config.l2norm, on_launch)
-    fuse_k, fuse_q = norm == "fused_qk", norm in ("fused_q", "fused_qk")
+    fuse_k, fuse_q = norm == "fused_qk", norm in FUSED_ROUTES
     run = dict(varlen=varlen, config=config, on_launch=on_launch)  # every stage's
 
     if per_channel and config.kda_chunk16:
