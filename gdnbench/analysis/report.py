@@ -14,7 +14,8 @@ import math
 from dataclasses import dataclass, field
 
 from ..data.records import TIME_KINDS, Row, RunDocument
-from ..vocab import ALL_ROUTES, FUSED_ROUTES, MODES, PLAIN_ROUTES, ROUTES  # noqa: F401  (MODES: the report command checks --mode)
+from ..vocab import (ALL_ROUTES, FUSED_ROUTES, MODES, PLAIN_ROUTES,  # noqa: F401  (MODES: the report command checks --mode)
+                     ROUTES)
 from .tables import FORMATS, Table, fmt_us, to_csv, to_json, to_markdown, to_rich, to_text  # noqa: F401
 
 MODE_TITLES = {"fwd_bwd": " (one forward + backward step)", "decode": " (one decode step)"}
