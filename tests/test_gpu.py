@@ -165,3 +165,47 @@ def test_in_loop_k_tile_forms_on_the_gpu(segments):
     assert all(torch.equal(a, b) for a, b in zip(tile, summed))
     assert all(rel_rms(a, b) < 1e-2 for a, b in zip(tile, vec)), [rel_rms(a, b) for a, b in zip(tile, vec)]
     assert all(rel_rms(a, b) < 1e-2 for a, b in zip(tile, two)), [rel_rms(a, b) for a, b in zip(tile, two)]
+
+
+@pytest.mark.parametrize("norm", ["flag", "fused_q", "fused_qk"])
+@pytest.mark.parametrize("packed", [False, True])
+def test_cuda_prepare_matches_the_triton_kernel(norm, packed):
+    """KDA's CUDA C++ prepare kernel (kernels/kda16_cuda.py) against the Triton one, GVA 2, partial 16-token tiles
+    (a dense batch of two with T = 200; packed lengths 37, 100, 300), k rows of norm up to 30: each prepared tensor,
+    and the forward through the loop, within bf16 rounding of the Triton kernel's.  Skips where it does not apply
+    (not Hopper, or NVRTC missing)."""
+    import dataclasses
+
+    import torch
+
+    from gdnbench.kernels import kda16_cuda, ops
+
+    torch.manual_seed(3)
+    B, T, H, HV, K, V = (1, 437, 2, 4, 128, 64) if packed else (2, 200, 2, 4, 128, 64)
+    q = torch.randn(B, T, H, K, device="cuda").to(torch.bfloat16)
+    k = (torch.randn(B, T, H, K, device="cuda") * torch.rand(B, T, H, 1, device="cuda") * 3).to(torch.bfloat16)
+    if norm != "fused_qk":
+        k = ops.l2norm(k)
+    if norm == "flag":
+        q = ops.l2norm(q)
+    g = -5.0 * torch.sigmoid(torch.randn(B, T, HV, K, device="cuda"))
+    beta = torch.rand(B, T, HV, device="cuda").to(torch.bfloat16)
+    v = torch.randn(B, T, HV, V, device="cuda").to(torch.bfloat16)
+    if not kda16_cuda.applies(q, k, g, beta):
+        pytest.skip(f"the CUDA prepare kernel does not apply here: {kda16_cuda.unavailable('cuda') or 'not Hopper'}")
+    varlen = ops.prepare_varlen(torch.tensor([0, 37, 137, 437], device="cuda")) if packed else None
+    from gdnbench.kernels.config import KernelConfig
+
+    # the Triton kernel as the shipped entries run it: one step, tile grams of operands rounded to tf32
+    base = dataclasses.replace(ops.default_config(K, V, 2, "kda"), kda_chunk16=True,
+                               kda16_prep=KernelConfig(num_warps=1, num_stages=1, tf32_grams=True))
+    kw = dict(scale=K**-0.5, norm_q=norm != "flag", norm_k=norm == "fused_qk", varlen=varlen)
+    cuda = ops.kda16_prepare(q, k, g, beta, config=base, **kw)
+    triton = ops.kda16_prepare(q, k, g, beta, config=dataclasses.replace(base, kda16_prep_cuda=False), **kw)
+    limits = dict(qd=1e-3, kd=1e-3, kr=1e-3, inv=1e-3, mqk=5e-3, dec=1e-5)
+    errs = {n: rel_rms(cuda[n].float(), triton[n].float()) for n in limits}
+    assert all(errs[n] < lim for n, lim in limits.items()), errs
+    outs = [ops.kda16_loop(t, v, initial_state=None, output_final_state=True, varlen=varlen, config=base)
+            for t in (cuda, triton)]
+    assert rel_rms(outs[0][0].float(), outs[1][0].float()) < 2e-3
+    assert rel_rms(outs[0][1], outs[1][1]) < 2e-3

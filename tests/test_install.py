@@ -40,6 +40,7 @@ def test_wheel_carries_every_shape_set_and_tuned_winner(wheel):
     assert shipped, "no shipped tuned winners"
     for p in shipped:
         assert f"gdnbench/kernels/tuned_configs/{p.parent.name}/{p.name}" in names, p
+    assert "gdnbench/kernels/kda16_prep.cu" in names  # compiled at first use (kernels/kda16_cuda.py)
 
 
 def test_the_package_list_in_pyproject_is_every_package_of_the_tree():

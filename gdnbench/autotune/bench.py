@@ -60,7 +60,8 @@ class _Bench:
         self.params = TimingParams(**spec["params"])
         s = self.shape
         self.kda = s.family == "kda"
-        self.base = default_config(s.K, s.V, dtype_bytes(s.dtype), s.family)
+        # kda16_prep's configs are the Triton kernel's: the CUDA C++ one (GDNConfig.kda16_prep_cuda) has none
+        self.base = dataclasses.replace(default_config(s.K, s.V, dtype_bytes(s.dtype), s.family), kda16_prep_cuda=False)
         check_shape = s.shortened(spec["check_tokens"])
         self.full = make_inputs(s, self.device)
         self.small = self.full if check_shape is s else make_inputs(check_shape, self.device)

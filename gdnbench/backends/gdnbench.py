@@ -68,11 +68,14 @@ class GdnbenchBackend(Backend):
                 env = device_env()
                 cfg, won = tuned_winners(shape, route, env)
             cfg, notes = self._forms(shape, route, env, cfg if won else None, won)
+            cuda_prep = _cuda_prepare(shape, cfg, device)
             label = "default"
             if won:
                 from ..kernels import ops
 
-                label = won.label([k for k in ops.stage_kernels(cfg, shape.family, route) if k not in self.untuned])
+                skip = set(self.untuned) | ({"kda16_prep"} if cuda_prep else set())  # its Triton winner unused
+                label = won.label([k for k in ops.stage_kernels(cfg, shape.family, route) if k not in skip])
+            notes += "; prepare kernel in CUDA C++ (kernels/kda16_prep.cu)" if cuda_prep else ""
             self._resolved[key] = cfg, _with_stale(shape, route, env, label + notes)
         return self._resolved[key]
 
@@ -180,6 +183,15 @@ def _kda_forms(shape, route: str, env, cfg, won):
         else:
             notes += _not_taken(won, own, what, why)
     return cfg, notes
+
+
+def _cuda_prepare(shape, cfg, device) -> bool:
+    """Whether KDA's 16-token form runs its prepare kernel in CUDA C++ here (kernels/kda16_cuda.py)."""
+    if shape.family != "kda" or device != "cuda" or cfg is None or not (cfg.kda_chunk16 and cfg.kda16_prep_cuda):
+        return False
+    from ..kernels import kda16_cuda
+
+    return kda16_cuda.serves(shape.dtype, shape.K)
 
 
 def _pin_path(shape, route: str, cfg):

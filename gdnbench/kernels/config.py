@@ -142,6 +142,9 @@ class GDNConfig:
     # and one loop per (V block, sequence*head) that forms u and o itself; bounded gates only (lower_bound).
     # Both kernels are tuned kernels; `gdnbench` takes the form where the tuner timed it faster (tuned.kda16_choice)
     kda_chunk16: bool = False
+    # the 16-token prepare kernel in CUDA C++ (kernels/kda16_cuda.py) where it applies (Hopper, bf16, K = 128),
+    # whatever kda16_prep says; the autotuner turns it off to time kda16_prep's Triton configs
+    kda16_prep_cuda: bool = True
     kda16_prep: KernelConfig = field(default_factory=lambda: KernelConfig(num_warps=4, num_stages=1))
     kda16_loop: KernelConfig = field(default_factory=lambda: KernelConfig(BV=32, num_warps=4, num_stages=2))
 

@@ -1,7 +1,8 @@
 """Compile every Triton kernel of chunk_gdn / chunk_kda for a GPU that is not here (sm_90, sm_100,
 sm_103) at its default config, and report registers, local (spill/stack) bytes and shared memory
-against the per-block limit.  Nothing runs: the check that a kernel builds and fits on a device we
-do not have.
+against the per-block limit; on sm_90 also the CUDA C++ prepare kernel (kernels/kda16_prep.cu, through
+NVRTC where the nvidia-cuda-nvrtc wheel is installed).  Nothing runs: the check that a kernel builds
+and fits on a device we do not have.
 
     python -m gdnbench.kernels.offline --arch sm_100,sm_90 [--out FILE.md] [--in-loop-sweep]
 
@@ -27,6 +28,7 @@ import subprocess
 import sys
 import tempfile
 from dataclasses import dataclass
+from pathlib import Path
 
 from ..vocab import NORM_MODES
 
@@ -324,6 +326,73 @@ def header(arch: int, sweep: bool = False) -> str:
             + ", B 1, T 256, H 4, HV 8, varlen lengths 96,160.")
 
 
+def _nvrtc():
+    """libnvrtc from the nvidia-cuda-nvrtc wheel (a test dependency), or None where it is not installed."""
+    import ctypes
+    import importlib.util
+
+    try:
+        spec = importlib.util.find_spec("nvidia.cuda_nvrtc")
+    except ModuleNotFoundError:
+        return None
+    dirs = spec.submodule_search_locations or [] if spec else []
+    libs = sorted(p for d in dirs for p in (Path(d) / "lib").glob("libnvrtc.so*")
+                  if "builtins" not in p.name and ".alt." not in p.name)
+    return ctypes.CDLL(str(libs[0])) if libs else None
+
+
+def _nvrtc_ptx(lib, source: str, arch: int, defines: dict) -> str:
+    import ctypes
+
+    prog = ctypes.c_void_p()
+    if lib.nvrtcCreateProgram(ctypes.byref(prog), source.encode(), b"kda16_prep.cu", 0, None, None):
+        raise RuntimeError("nvrtcCreateProgram failed")
+    opts = [f"--gpu-architecture=compute_{arch}", "-std=c++17", *(f"-D{k}={v}" for k, v in defines.items())]
+    arr = (ctypes.c_char_p * len(opts))(*(o.encode() for o in opts))
+    ok = lib.nvrtcCompileProgram(prog, len(opts), arr) == 0
+    size = ctypes.c_size_t()
+    (lib.nvrtcGetPTXSize if ok else lib.nvrtcGetProgramLogSize)(prog, ctypes.byref(size))
+    buf = ctypes.create_string_buffer(size.value)
+    (lib.nvrtcGetPTX if ok else lib.nvrtcGetProgramLog)(prog, buf)
+    lib.nvrtcDestroyProgram(ctypes.byref(prog))
+    if not ok:
+        raise RuntimeError(buf.value.decode().strip()[-300:])
+    return buf.value.decode()
+
+
+def compile_cuda(arch: int) -> list[Row]:
+    """kernels/kda16_prep.cu (the CUDA C++ prepare kernel, kernels/kda16_cuda.py) under every norm mode, dense and
+    packed: NVRTC to PTX, the Triton wheel's ptxas to a cubin.  Empty where NVRTC is not installed."""
+    from triton.backends.nvidia.compiler import get_ptxas
+
+    from . import kda16_cuda
+    lib = _nvrtc()
+    if lib is None:
+        return []
+    rows = []
+    for norms, (norm_q, norm_k) in ((("none", "flag"), (0, 0)), (("fused_q",), (1, 0)), (("fused_qk",), (1, 1))):
+        for varlen in (False, True):
+            defines = dict(NORM_Q=norm_q, NORM_K=norm_k, VARLEN=int(varlen))
+            base = dict(kernel="kda16_prep_cuda", specialization="+".join(k for k, v in defines.items() if v) or "plain",
+                        options=f"{32 * kda16_cuda.WARPS} threads",
+                        routes=tuple(f"kda {n}{' varlen' if varlen else ''} 16-token tiles (CUDA)" for n in norms),
+                        threads=32 * kda16_cuda.WARPS, limit=SMEM_LIMIT[arch])
+            try:
+                ptx = _nvrtc_ptx(lib, kda16_cuda.SOURCE.read_text(), arch, defines)
+                with tempfile.TemporaryDirectory() as d:
+                    Path(d, "k.ptx").write_text(ptx)
+                    r = subprocess.run([get_ptxas(arch).path, f"-arch=sm_{arch}", "-v", f"{d}/k.ptx", "-o",
+                                        f"{d}/k.cubin"], capture_output=True, text=True)
+                    if r.returncode:
+                        raise RuntimeError(r.stderr.strip()[-300:])
+                    regs, local = resource_usage(Path(d, "k.cubin").read_bytes())
+                smem = re.search(r"(\d+) bytes smem", r.stderr)
+                rows.append(Row(**base, registers=regs, local_bytes=local, shared_bytes=int(smem.group(1)) if smem else 0))
+            except Exception as e:  # a failure is a row
+                rows.append(Row(**base, error=f"{type(e).__name__}: {str(e).splitlines()[-1][:160] if str(e) else ''}"))
+    return rows
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(prog="python -m gdnbench.kernels.offline", description=__doc__.split("\n\n")[0])
     ap.add_argument("--arch", default="sm_100", help=f"comma-separated, of {', '.join(ARCHS)}")
@@ -344,6 +413,8 @@ def main(argv=None) -> int:
         print(header(arch, a.in_loop_sweep), file=sys.stderr, flush=True)
         rows = compile_all(arch, launches, progress=lambda r: print(
             f"  {r.kernel:18s} {r.specialization:36s} {r.verdict}", file=sys.stderr, flush=True))
+        if not a.in_loop_sweep and arch == 90:  # the CUDA C++ kernel runs on Hopper only (kda16_cuda.CAPABILITIES)
+            rows += compile_cuda(arch)
         sections.append(f"## sm_{arch}\n\n" + header(arch, a.in_loop_sweep) + "\n\n" + table(rows) + "\n")
         ok = ok and all(r.verdict == "fits" for r in rows)
     text = "\n".join(sections)

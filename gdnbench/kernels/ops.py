@@ -72,6 +72,7 @@ from .config import (
     validate,
 )
 from .fused_fwd import WARM_UP_LOG2, fused_state_out_kernel
+from . import kda16_cuda
 from .kda16 import kda16_loop_kernel, kda16_prep_kernel, kda16_prep_kernel_any_t
 from .intra import gram_solve_kernel, kda_cumsum_kernel, kda_intra_kernel, wu_kernel
 from .launch import launch
@@ -531,7 +532,8 @@ def kda16_prepare(q, k, g, beta, *, scale, norm_q=False, norm_k=False, varlen=No
                   config: GDNConfig = DEFAULT_CONFIG, on_launch=None) -> dict:
     """The 16-token form's prepare kernel: per token q_d, k_d, k_r [B,T,HV,K] in k's dtype; per tile INV (beta
     folded in) and M [tiles, HV, 16, 16] in k's dtype, 2^c_last [tiles, HV, K] fp32 (tiles: 4 per chunk);
-    ``norm_q`` / ``norm_k`` fold q's / k's row norm in."""
+    ``norm_q`` / ``norm_k`` fold q's / k's row norm in.  The CUDA C++ kernel (kernels/kda16_cuda.py) where
+    ``config.kda16_prep_cuda`` and it applies, else the Triton kernel under ``config.kda16_prep``."""
     B, T, H, K = k.shape
     HV = beta.shape[2]
     n_chunks, NT = _chunk_grid(B, T, varlen)
@@ -539,13 +541,18 @@ def kda16_prepare(q, k, g, beta, *, scale, norm_q=False, norm_k=False, varlen=No
     qd, kd, kr = (torch.empty(B, T, HV, K, device=k.device, dtype=k.dtype) for _ in range(3))
     inv, mqk = (torch.empty(tiles, HV, 16, 16, device=k.device, dtype=k.dtype) for _ in range(2))
     dec = torch.empty(tiles, HV, K, device=k.device, dtype=torch.float32)
+    out = dict(qd=qd, kd=kd, kr=kr, inv=inv, mqk=mqk, dec=dec)
+    if config.kda16_prep_cuda and kda16_cuda.applies(q, k, g, beta):
+        kda16_cuda.launch(q, k, g, beta, out, scale=scale, norm_q=norm_q, norm_k=norm_k, varlen=varlen, T=T, NT=NT,
+                          n_chunks=n_chunks)
+        return out
     kernel = kda16_prep_kernel_any_t if config.kda16_prep.generic_t else kda16_prep_kernel
     _launch(kernel, (n_chunks, B * HV, 4), config.kda16_prep,
             q, k, g, beta, qd, kd, kr, inv, mqk, dec, *_varlen_args(varlen), T, NT, float(scale), H=H, HV=HV,
             K=K, BK=next_pow2(K), BKS=kda16_step(config.kda16_prep, K), IS_VARLEN=varlen is not None, NORM_Q=norm_q,
             NORM_K=norm_k, TF32_GRAMS=config.kda16_prep.tf32_grams and k.dtype != torch.float32,
             MMA_SUMS=config.kda16_prep.mma_sums and k.dtype != torch.float32, hooks=on_launch)
-    return dict(qd=qd, kd=kd, kr=kr, inv=inv, mqk=mqk, dec=dec)
+    return out
 
 
 def kda16_loop(tiles: dict, v, *, initial_state=None, output_final_state=False, varlen=None,
