@@ -209,3 +209,42 @@ def test_cuda_prepare_matches_the_triton_kernel(norm, packed):
             for t in (cuda, triton)]
     assert rel_rms(outs[0][0].float(), outs[1][0].float()) < 2e-3
     assert rel_rms(outs[0][1], outs[1][1]) < 2e-3
+
+
+def test_cuda_prepare_replays_in_a_cuda_graph():
+    """The runner times forwards as CUDA-graph replays: the CUDA C++ prepare kernel captured in a graph writes
+    what an eager call writes, replay after replay, with the caching allocator busy in between."""
+    import dataclasses
+
+    import torch
+
+    from gdnbench.kernels import kda16_cuda, ops
+
+    torch.manual_seed(4)
+    B, T, H, HV, K = 1, 1000, 2, 2, 128
+    q = torch.randn(B, T, H, K, device="cuda").to(torch.bfloat16)
+    k = torch.randn(B, T, H, K, device="cuda").to(torch.bfloat16)
+    g = -5.0 * torch.sigmoid(torch.randn(B, T, HV, K, device="cuda"))
+    beta = torch.rand(B, T, HV, device="cuda").to(torch.bfloat16)
+    if not kda16_cuda.applies(q, k, g, beta):
+        pytest.skip(f"the CUDA prepare kernel does not apply here: {kda16_cuda.unavailable('cuda') or 'not Hopper'}")
+    cfg = dataclasses.replace(ops.default_config(K, K, 2, "kda"), kda_chunk16=True)
+
+    def call():
+        return ops.kda16_prepare(q, k, g, beta, scale=K**-0.5, norm_q=True, norm_k=True, config=cfg)
+
+    eager = call()
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        call()
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        captured = call()
+    for _ in range(20):
+        junk = [torch.empty(1 << 20, device="cuda") for _ in range(4)]
+        del junk
+        graph.replay()
+    torch.cuda.synchronize()
+    assert all(torch.equal(captured[n], eager[n]) for n in eager)
