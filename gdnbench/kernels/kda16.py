@@ -18,7 +18,9 @@ and head, here V is split over programs as in the state kernels.)
 
 Both kernels are searched by the autotuner (kda16_prep per norm variant, kda16_loop once), and the
 `gdnbench` backend takes this form where their tuned times beat the kernels they replace (kernels/tuned.py,
-kda16_choice).
+kda16_choice).  On Hopper with bf16 storage and K = 128 the prepare kernel runs in CUDA C++ instead
+(kda16_prep.cu, kda16_cuda.py: the same outputs, its norms at no measured cost); the Triton one here serves
+everything else and the autotuner's searches.
 """
 
 import triton
