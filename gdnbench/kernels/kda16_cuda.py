@@ -4,7 +4,7 @@ contiguous 16-byte-aligned tensors).  ``GDNConfig.kda16_prep_cuda`` (on by defau
 take it; anywhere else, and under the interpreter, the Triton kernel runs.
 
 Why CUDA here: the Triton kernel is one warp per tile at 232-248 registers, eight warps an SM, and its time
-follows its instruction chain, so folding the norms in cost its fused routes 3-7 % over flag's (design notes,
+follows its instruction chain, so folding the norms in cost its fused routes 3-12 % over flag's (design notes,
 KDA).  Here the layouts are ours: the gates' cumsum runs in-thread (no shuffles), the grams take their operands
 straight from registers in the mma fragment layout, the rows' sums of squares are two tensor-core products, and
 every load and store moves whole sectors.  On an H100 (the kernel alone, kda-legacy6) it ran flag in 369-592 us
@@ -24,11 +24,13 @@ SOURCE = Path(__file__).with_name("kda16_prep.cu")
 K = 128
 CAPABILITIES = ((9, 0),)  # where it was measured; other GPUs keep the Triton kernel
 WARPS = 4  # a block: one 64-token chunk of one value head, a warp per 16-token tile
+GRID_Y_MAX = 65535  # the grid's second axis is B * HV
 
 
 def applies(q, k, g, beta) -> bool:
     """Whether :func:`launch` serves these inputs: q, k [B,T,H,128] and beta [B,T,HV] bf16, g [B,T,HV,128] fp32,
-    all contiguous and 16-byte aligned, on a GPU of :data:`CAPABILITIES` where the kernel compiles."""
+    all contiguous and 16-byte aligned, B * HV within a grid axis, on the current GPU if it is one of
+    :data:`CAPABILITIES` and the kernel compiles there."""
     if not (q.is_cuda and k.is_cuda and g.is_cuda and beta.is_cuda):
         return False
     if q.shape[-1] != K or k.shape[-1] != K or g.shape[-1] != K:
@@ -36,6 +38,8 @@ def applies(q, k, g, beta) -> bool:
     if not (q.dtype == k.dtype == beta.dtype == torch.bfloat16 and g.dtype == torch.float32):
         return False
     if not all(x.is_contiguous() and x.data_ptr() % 16 == 0 for x in (q, k, g)) or not beta.is_contiguous():
+        return False
+    if q.shape[0] * beta.shape[2] > GRID_Y_MAX or q.device.index != torch.cuda.current_device():
         return False
     return torch.cuda.get_device_capability(q.device) in CAPABILITIES and unavailable(q.device) is None
 
