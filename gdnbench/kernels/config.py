@@ -150,6 +150,7 @@ class GDNConfig:
 
 
 DEFAULT_CONFIG = GDNConfig()
+GRID_Y_MAX = 65535  # CUDA's limit on a grid's second axis
 
 
 def cdiv(a: int, b: int) -> int:

@@ -20,11 +20,12 @@ from pathlib import Path
 
 import torch
 
+from .config import GRID_Y_MAX
+
 SOURCE = Path(__file__).with_name("kda16_prep.cu")
 K = 128
 CAPABILITIES = ((9, 0),)  # where it was measured; other GPUs keep the Triton kernel
 WARPS = 4  # a block: one 64-token chunk of one value head, a warp per 16-token tile
-GRID_Y_MAX = 65535  # the grid's second axis is B * HV
 
 
 def applies(q, k, g, beta) -> bool:
@@ -39,24 +40,32 @@ def applies(q, k, g, beta) -> bool:
         return False
     if not all(x.is_contiguous() and x.data_ptr() % 16 == 0 for x in (q, k, g)) or not beta.is_contiguous():
         return False
-    if q.shape[0] * beta.shape[2] > GRID_Y_MAX or q.device.index != torch.cuda.current_device():
+    if q.shape[0] * beta.shape[2] > GRID_Y_MAX or q.device.index != torch.cuda.current_device():  # grid (chunks, B*HV)
         return False
-    return torch.cuda.get_device_capability(q.device) in CAPABILITIES and unavailable(q.device) is None
+    return _runs_here()
 
 
-def serves(dtype: str, K_: int) -> bool:
+def serves(dtype: str, channels: int) -> bool:
     """Whether a shape of this storage dtype and K takes the CUDA kernel on the current GPU (what
     :func:`applies` decides per call for the contract's inputs: bf16 storage, fp32 gates)."""
-    return (dtype == "bfloat16" and K_ == K and torch.cuda.is_available()
-            and torch.cuda.get_device_capability() in CAPABILITIES and unavailable(torch.cuda.current_device()) is None)
+    return dtype == "bfloat16" and channels == K and torch.cuda.is_available() and _runs_here()
+
+
+def _runs_here() -> bool:
+    """The current GPU is one of :data:`CAPABILITIES` and the kernel compiles there."""
+    return torch.cuda.get_device_capability() in CAPABILITIES and unavailable(torch.cuda.current_device()) is None
+
+
+def compile_options(norm_q: bool, norm_k: bool, varlen: bool) -> list[str]:
+    """NVRTC's options for one variant (kernels/offline.py compiles the same)."""
+    return ["-std=c++17", f"-DNORM_Q={int(norm_q)}", f"-DNORM_K={int(norm_k)}", f"-DVARLEN={int(varlen)}"]
 
 
 @functools.cache
 def _kernel(norm_q: bool, norm_k: bool, varlen: bool, device: int):
     with torch.cuda.device(device):
-        return torch.cuda._compile_kernel(
-            SOURCE.read_text(), "kda16_prep_cuda",
-            nvcc_options=["-std=c++17", f"-DNORM_Q={int(norm_q)}", f"-DNORM_K={int(norm_k)}", f"-DVARLEN={int(varlen)}"])
+        return torch.cuda._compile_kernel(SOURCE.read_text(), "kda16_prep_cuda",
+                                          nvcc_options=compile_options(norm_q, norm_k, varlen))
 
 
 @functools.cache

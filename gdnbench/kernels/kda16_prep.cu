@@ -25,7 +25,6 @@
 typedef unsigned short bf16_t;
 typedef unsigned int u32;
 
-static __device__ __forceinline__ float bf2f(u32 lo16) { return __uint_as_float(lo16 << 16); }
 static __device__ __forceinline__ float bf_lo(u32 x) { return __uint_as_float(x << 16); }
 static __device__ __forceinline__ float bf_hi(u32 x) { return __uint_as_float(x & 0xffff0000u); }
 static __device__ __forceinline__ u32 pack_bf2(float lo, float hi) {  // round to nearest even, lo first in memory
@@ -140,8 +139,8 @@ extern "C" __global__ void __launch_bounds__(128) kda16_prep_cuda(
   uint4 qa[4], qb[4], ka[4], kb[4];  // 8 bf16 of each 32-channel slice of rows ra, rb
   load_rows(q, pa, pb, va, vb, qa, qb);
   load_rows(k, pa, pb, va, vb, ka, kb);
-  const float beta_a = va ? bf2f(beta[(t0 + ra) * HV + i_hv]) : 0.f;
-  const float beta_b = vb ? bf2f(beta[(t0 + rb) * HV + i_hv]) : 0.f;
+  const float beta_a = va ? bf_lo(beta[(t0 + ra) * HV + i_hv]) : 0.f;
+  const float beta_b = vb ? bf_lo(beta[(t0 + rb) * HV + i_hv]) : 0.f;
 
   // ---- phase 1: c = cumsum(g) log2(e) down the rows, in place; each lane reads back only its own copies
   {
@@ -286,7 +285,7 @@ extern "C" __global__ void __launch_bounds__(128) kda16_prep_cuda(
     for (int m = 0; m < i; ++m) acc = fmaf(-Lrow[m], x[m], acc);
     x[i] = acc;
   }
-  const float beta_j = j < n ? bf2f(beta[(t0 + j) * HV + i_hv]) : 0.f;
+  const float beta_j = j < n ? bf_lo(beta[(t0 + j) * HV + i_hv]) : 0.f;
   if (lane < 16) {
 #pragma unroll
     for (int i = 0; i < 16; ++i) sX[i * 16 + j] = x[i] * beta_j;  // INV diag(beta)

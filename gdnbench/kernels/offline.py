@@ -341,13 +341,13 @@ def _nvrtc():
     return ctypes.CDLL(str(libs[0])) if libs else None
 
 
-def _nvrtc_ptx(lib, source: str, arch: int, defines: dict) -> str:
+def _nvrtc_ptx(lib, source: str, arch: int, options: list[str]) -> str:
     import ctypes
 
     prog = ctypes.c_void_p()
     if lib.nvrtcCreateProgram(ctypes.byref(prog), source.encode(), b"kda16_prep.cu", 0, None, None):
         raise RuntimeError("nvrtcCreateProgram failed")
-    opts = [f"--gpu-architecture=compute_{arch}", "-std=c++17", *(f"-D{k}={v}" for k, v in defines.items())]
+    opts = [f"--gpu-architecture=compute_{arch}", *options]
     arr = (ctypes.c_char_p * len(opts))(*(o.encode() for o in opts))
     ok = lib.nvrtcCompileProgram(prog, len(opts), arr) == 0
     size = ctypes.c_size_t()
@@ -378,7 +378,8 @@ def compile_cuda(arch: int) -> list[Row]:
                         routes=tuple(f"kda {n}{' varlen' if varlen else ''} 16-token tiles (CUDA)" for n in norms),
                         threads=32 * kda16_cuda.WARPS, limit=SMEM_LIMIT[arch])
             try:
-                ptx = _nvrtc_ptx(lib, kda16_cuda.SOURCE.read_text(), arch, defines)
+                ptx = _nvrtc_ptx(lib, kda16_cuda.SOURCE.read_text(), arch,
+                                 kda16_cuda.compile_options(norm_q, norm_k, varlen))
                 with tempfile.TemporaryDirectory() as d:
                     Path(d, "k.ptx").write_text(ptx)
                     r = subprocess.run([get_ptxas(arch).path, f"-arch=sm_{arch}", "-v", f"{d}/k.ptx", "-o",
@@ -408,12 +409,13 @@ def main(argv=None) -> int:
         print("TRITON_INTERPRET=1: the interpreter compiles nothing; unset it", file=sys.stderr)
         return 2
     launches = record_in_loop_sweep() if a.in_loop_sweep else record()
+    from . import kda16_cuda
     sections, ok = [], True
     for arch in (ARCHS[x] for x in a.arch.split(",")):
         print(header(arch, a.in_loop_sweep), file=sys.stderr, flush=True)
         rows = compile_all(arch, launches, progress=lambda r: print(
             f"  {r.kernel:18s} {r.specialization:36s} {r.verdict}", file=sys.stderr, flush=True))
-        if not a.in_loop_sweep and arch == 90:  # the CUDA C++ kernel runs on Hopper only (kda16_cuda.CAPABILITIES)
+        if not a.in_loop_sweep and divmod(arch, 10) in kda16_cuda.CAPABILITIES:  # where the CUDA C++ kernel runs
             rows += compile_cuda(arch)
         sections.append(f"## sm_{arch}\n\n" + header(arch, a.in_loop_sweep) + "\n\n" + table(rows) + "\n")
         ok = ok and all(r.verdict == "fits" for r in rows)

@@ -57,6 +57,7 @@ from .common import FLAG_BLOCK as _FLAG_BLOCK, l2norm_kernel
 from .config import (
     CHUNK_SIZE,
     DEFAULT_CONFIG,
+    GRID_Y_MAX,
     ONE_PASS_MAX_K,
     SUB_CHUNK,
     GDNConfig,
@@ -138,8 +139,6 @@ def _launch_fixed_up(kernel, grid, cfg, args, fixup_args, n_flags, fixup: bool, 
     if fixup:
         _launch(kernel, (cdiv(n_flags, FLAG_BLOCK),), cfg, *args, *fixup_args, FIXUP=True, **kwargs)
 
-
-GRID_Y_MAX = 65535  # CUDA's limit on a grid's second axis
 
 
 def _chunk_head_grid(cfg: KernelConfig, n_chunks: int, n_heads: int) -> tuple[tuple[int, int], bool]:
