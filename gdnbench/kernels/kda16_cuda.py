@@ -53,7 +53,13 @@ def serves(dtype: str, channels: int) -> bool:
 
 def _runs_here() -> bool:
     """The current GPU is one of :data:`CAPABILITIES` and the kernel compiles there."""
-    return torch.cuda.get_device_capability() in CAPABILITIES and unavailable(torch.cuda.current_device()) is None
+    return _runs_on(torch.cuda.current_device())
+
+
+@functools.cache
+def _runs_on(device: int) -> bool:
+    """:func:`_runs_here` for one device, asked once: :func:`applies` runs on every KDA forward."""
+    return torch.cuda.get_device_capability(device) in CAPABILITIES and _unavailable(device) is None
 
 
 def compile_options(norm_q: bool, norm_k: bool, varlen: bool) -> list[str]:

@@ -140,7 +140,6 @@ def _launch_fixed_up(kernel, grid, cfg, args, fixup_args, n_flags, fixup: bool, 
         _launch(kernel, (cdiv(n_flags, FLAG_BLOCK),), cfg, *args, *fixup_args, FIXUP=True, **kwargs)
 
 
-
 def _chunk_head_grid(cfg: KernelConfig, n_chunks: int, n_heads: int) -> tuple[tuple[int, int], bool]:
     """(grid, heads_first) of a gram / aqk launch: (heads, chunks) where ``cfg.heads_first`` asks for it, else
     (chunks, heads).  Heads first, the chunks take the grid's second axis, so more than GRID_Y_MAX of them keep
