@@ -125,6 +125,34 @@ def test_one_pass_matches_the_two_kernels(norm):
     assert rel_rms(o1, o2) < 1e-2 and rel_rms(s1, s2) < 1e-2, (rel_rms(o1, o2), rel_rms(s1, s2))
 
 
+def test_fused_qk_redoes_its_risky_output_programs_on_the_gpu():
+    """fused_qk's two-kernel path in bf16 with q and k rows of 1e30 (raw q k^T overflows fp32, k's sums of squares
+    reach the gram's rare path): the output programs they reach redo themselves with k normalized on load (a
+    call, output._output_rare), and o and the final state match flag's on the same inputs."""
+    import dataclasses
+
+    import torch
+
+    from gdnbench.kernels import ops
+
+    torch.manual_seed(1)
+    T, H, HV, K, V = 700, 2, 8, 128, 128
+    q = torch.randn(1, T, H, K, device="cuda", dtype=torch.bfloat16)
+    k = torch.randn(1, T, H, K, device="cuda", dtype=torch.bfloat16)
+    q[0, [5, 130, 640]] *= 1e30
+    k[0, [3, 130, 650]] *= 1e30
+    v = torch.randn(1, T, HV, V, device="cuda", dtype=torch.bfloat16)
+    g = torch.nn.functional.logsigmoid(torch.randn(1, T, HV, device="cuda") + 2)
+    beta = torch.rand(1, T, HV, device="cuda")
+    cu = torch.tensor([0, 100, 163, 600, 700], device="cuda")
+    h0 = torch.randn(4, HV, K, V, device="cuda") * 0.1
+    cfg = dataclasses.replace(ops.default_config(K, V), one_pass=False)
+    (o1, s1), (o2, s2) = (ops.chunk_gdn(q, k, v, g, beta, initial_state=h0, output_final_state=True, cu_seqlens=cu,
+                                        norm=norm, config=cfg) for norm in ("fused_qk", "flag"))
+    assert torch.isfinite(o1).all() and torch.isfinite(s1).all()
+    assert rel_rms(o1, o2) < 1e-2 and rel_rms(s1, s2) < 1e-2, (rel_rms(o1, o2), rel_rms(s1, s2))
+
+
 @pytest.mark.parametrize("segments", [1, 4])
 def test_in_loop_k_tile_forms_on_the_gpu(segments):
     """fused_qk's in-loop forms as the tuned entries run them (bf16, K = V = 128, BK 64, BV 64, 4 warps, 3 stages),

@@ -282,22 +282,37 @@ def test_huge_rows_finite(huge_k):
 
 
 @pytest.mark.filterwarnings("ignore:overflow encountered", "ignore:invalid value encountered")
-def test_fused_qk_fixups_past_the_first_flag_block(monkeypatch):
-    """fused_qk's fix-up launch (the two-pass output kernel's) reads its flags FLAG_BLOCK at a time (1024; 4 here,
-    so the interpreter sees several blocks): a huge row in the last chunk of the last head (output program 5 of 6)
-    is found in the second block; gram_solve redoes its chunk in its own program."""
+@pytest.mark.parametrize("fixup", [False, True])
+def test_fused_qk_redoes_only_the_risky_output_program(monkeypatch, fixup):
+    """A huge row in the last chunk of the last head: that output program (5 of 6) starts again with k normalized
+    on load, the others finish on raw k; gram_solve redoes its chunk in its own program.  sm_90's form redoes it in
+    the program (output._output_rare); sm_100's (``fixup``, forced here) flags it for the fix-up launch, which reads
+    its flags FLAG_BLOCK at a time (1024; 4 here, so the interpreter sees several blocks)."""
     import triton.language as tl
 
     from gdnbench.kernels import ops
     from gdnbench.kernels import common, intra, output
 
-    for mod in (common, intra, output):
-        monkeypatch.setattr(mod, "FLAG_BLOCK", tl.constexpr(4))
-    monkeypatch.setattr(ops, "FLAG_BLOCK", 4)
+    if fixup:
+        for mod in (common, intra, output):
+            monkeypatch.setattr(mod, "FLAG_BLOCK", tl.constexpr(4))
+        monkeypatch.setattr(ops, "FLAG_BLOCK", 4)
+        monkeypatch.setattr(output, "cuda_capability_geq", lambda major, minor=0: True)
+        monkeypatch.setattr(ops, "_fixup_output", lambda device: True)
+    fixups = []
+    real = ops._launch
+
+    def launch(kernel, *a, **kw):
+        fixups.append(kw.get("FIXUP", False))
+        return real(kernel, *a, **kw)
+
+    monkeypatch.setattr(ops, "_launch", launch)
     q, k, v, g, beta, _ = make_inputs(1, 3 * 64, 2, 2, 16, 16, torch.float32, seed=5)
     q[0, 141, 1] *= 1e30  # q_141 k_141^T overflows fp32 (output), k_141's square too (gram)
     k[0, 141, 1] *= 1e30
-    o, fs = chunk_gdn(q, k, v, g, beta, norm="fused_qk", output_final_state=True)
+    o, fs = chunk_gdn(q, k, v, g, beta, norm="fused_qk", output_final_state=True,
+                      config=dataclasses.replace(default_config(16, 16, 4), one_pass=False))
+    assert fixups.count(True) == (1 if fixup else 0)
     ro, rf = reference(q, k, v, g, beta)
     assert torch.isfinite(o).all() and torch.isfinite(fs).all()
     assert rel_rms(o, ro) < 1e-4 and rel_rms(fs, rf) < 1e-4, (rel_rms(o, ro), rel_rms(fs, rf))
@@ -306,8 +321,8 @@ def test_fused_qk_fixups_past_the_first_flag_block(monkeypatch):
 @pytest.mark.filterwarnings("ignore:overflow encountered", "ignore:invalid value encountered")
 def test_fused_qk_fp16_rows_beyond_fp16_after_q_norm():
     """fp16 k rows of norm 1.7e5 (elements 3e4) with q rows along them: q_norm k^T, which fused_qk's
-    output kernel forms on raw k, leaves fp16's range; the flagged programs are redone in the fix-up
-    launch with k normalized on load, so the output stays finite and close to the fp64 recurrence.
+    output kernel forms on raw k, leaves fp16's range; those programs redo themselves with k normalized
+    on load, so the output stays finite and close to the fp64 recurrence.
     (Looser than TOL: w's and u's rows carry k's rstd, ~6e-6 here, among fp16's subnormals.)"""
     q, k, v, g, beta, _ = make_inputs(1, 70, 1, 1, 32, 16, torch.float16, seed=3)
     k[0, [7, 66]] = (torch.sign(k[0, [7, 66]].float()) * 3e4).half()

@@ -2,7 +2,7 @@
 interpreter, which otherwise runs the sm_90 form: every fused route gives bit-for-bit the sm_90 form's
 outputs on inputs that take each branch the vector max decides (zero rows; q and k rows of 1e30,
 whose sums of squares reach the rare path's 2^100; raw q k^T products of 1e40, which overflow aqk's
-gram and flag the output kernel's fix-up; KDA's k row of 1e7 under the lowest gates)."""
+gram and make the output kernel redo its program; KDA's k row of 1e7 under the lowest gates)."""
 
 import dataclasses
 import os
@@ -42,7 +42,7 @@ def _gdn_inputs():
     k[0, [5, 41]] = 0
     q[0, [2, 66]] *= 1e30  # sums of squares overflow: row_rstd's rare path
     k[0, 66] *= 1e30
-    k[0, 7] *= 1e10  # q_2 k_7^T ~ 1e40 overflows fp32: aqk's redo, the output kernel's fix-up flag
+    k[0, 7] *= 1e10  # q_2 k_7^T ~ 1e40 overflows fp32: aqk's redo, the output kernel's redo
     return q, k, v, g, beta, s0
 
 

@@ -335,13 +335,20 @@ def state_recurrence(k, w, u, g_cs, *, initial_state=None, output_final_state=Fa
     return h, v_new, ht
 
 
+def _fixup_output(device) -> bool:
+    """Whether fused_qk's output kernel leaves its risky programs to a fix-up launch (sm_100 and later, where Triton
+    3.6 fails to compile the call that redoes them in the program: kernels/output.py, _output_rare)."""
+    return device.type == "cuda" and torch.cuda.get_device_capability(device)[0] >= 10
+
+
 def chunk_output(q, k, v_new, h, g_cs, *, scale, rstd_k=None, ssq_k=None, fuse_q=False, varlen=None,
                  config: GDNConfig = DEFAULT_CONFIG, aqk=None, on_launch=None):
     """Stage 4: o [B,T,HV,V] in v_new's dtype.
 
     Per-channel gates (g_cs [B,T,HV,K]): pass stage 1's ``aqk``; k is not read (may be None).
     GDN fused_qk (``rstd_k`` and ``ssq_k`` from :func:`gram_solve`, fuse_q): k is raw and v_new's
-    rows carry k's rstd; a second launch (FIXUP) redoes the programs where a raw q k^T could overflow."""
+    rows carry k's rstd; a program where a raw q k^T could overflow starts again with k normalized (in the program on
+    sm_90, in a second launch, FIXUP, on sm_100 and later: :func:`_fixup_output`)."""
     B, T, H, K = q.shape
     HV, V = v_new.shape[2], v_new.shape[3]
     n_grid, NT = _chunk_grid(B, T, varlen)
@@ -354,9 +361,10 @@ def chunk_output(q, k, v_new, h, g_cs, *, scale, rstd_k=None, ssq_k=None, fuse_q
     grid = (cdiv(V, BV), n_grid, B * HV)
     n_flags = grid[0] * grid[1] * grid[2]
     risky = torch.empty(n_flags, device=q.device, dtype=torch.int8) if fuse_k else None
+    fixup = fuse_k and _fixup_output(q.device)
     _launch_fixed_up(output_kernel, grid, cfg,
                      (q, k, v_new, h, g_cs, rstd_k, ssq_k, aqk, o, risky, *_varlen_args(varlen), float(scale), T, NT),
-                     (n_grid, n_flags), n_flags, fuse_k, H=H, HV=HV, K=K, V=V, BK=block(cfg.BK, K), BV=BV,
+                     (n_grid, n_flags), n_flags, fixup, H=H, HV=HV, K=K, V=V, BK=block(cfg.BK, K), BV=BV,
                      BT=CHUNK_SIZE, IS_VARLEN=varlen is not None, FUSE_Q=fuse_q, FUSE_K=fuse_k,
                      PER_CHANNEL=g_cs.dim() == 4, PREC=_precision(q.dtype), hooks=on_launch)
     return o
