@@ -261,6 +261,16 @@ def _fake(fn):
     return evaluate, calls
 
 
+def test_a_short_stage_is_timed_over_several_calls_per_graph_replay():
+    """The replay's own cost (about 10 µs on an H100) must not swamp a short kernel's: calls per replay fill
+    REPLAY_MIN_US, at least one, at most STAGE_CALLS_MAX."""
+    assert at_bench.calls_per_replay(36.0) == 6
+    assert at_bench.calls_per_replay(5.0) == at_bench.STAGE_CALLS_MAX
+    assert at_bench.calls_per_replay(0.0) == at_bench.STAGE_CALLS_MAX
+    assert at_bench.calls_per_replay(at_bench.REPLAY_MIN_US) == 1
+    assert at_bench.calls_per_replay(700.0) == 1
+
+
 def test_coordinate_descent_finds_optimum_of_separable_function():
     evaluate, calls = _fake(lambda p: {"status": "ok", "reason": "", "time_us": _cost(p)})
     res = at_search.search(_separable_space(), evaluate, budget_s=1e9, exhaustive_max=10, min_gain=0.0)

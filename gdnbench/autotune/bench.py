@@ -5,8 +5,8 @@ illegal memory access or a hang costs one candidate, recorded as ``crashed`` / `
 compiled and gated on the whole forward of the shape's family (``chunk_gdn`` or ``chunk_kda``) on
 the kernel's route under the candidate config, against the fp64 recurrence with gdnbench.oracle.check's
 data-derived budget (the rel-RMS error against the default config's output is recorded too); then
-the stage kernel alone is timed by gdnbench.bench.timing: CUDA-graph replay of one stage call on the full
-input (stage inputs precomputed with the default config), median over rounds; a kernel of GATED_KERNELS is
+the stage kernel alone is timed by gdnbench.bench.timing: CUDA-graph replays of 1-16 stage calls, per call, on
+the full input (stage inputs precomputed with the default config), median over rounds; a kernel of GATED_KERNELS is
 timed under each gate regime's input and ranked by the geometric mean. Every candidate yields a result with a status
 (ok, incorrect, compile_error, error, crashed, timeout) and a reason; none is dropped.
 """
@@ -36,6 +36,19 @@ from .space import dtype_bytes, full_config, Point
 # long-memory ones (399.6 as one segment), so its candidates are timed under every gate regime and ranked by
 # the geometric mean of those times
 GATED_KERNELS = ("fused_out",)
+
+# a stage's graph replays as many calls as take REPLAY_MIN_US (1 to STAGE_CALLS_MAX), timed per call: a replay of one
+# short call is mostly the replay's own cost.  H100, h2_hv8_serving, wu alone at six configs (torch.profiler: 25.8-27.9
+# µs): events around a replay of one call read 35.9-38.2 µs and ranked BK 128 / 4 warps first; per call of a 10-call
+# replay 26.6-28.5, ranked as the profiler's times (BK 64 / 4 warps / 1 stage first)
+REPLAY_MIN_US = 200.0
+STAGE_CALLS_MAX = 16
+
+
+def calls_per_replay(one_call_us: float) -> int:
+    """Stage calls per timed graph replay, from the time of a replay of one."""
+    return max(1, min(STAGE_CALLS_MAX, math.ceil(REPLAY_MIN_US / max(one_call_us, 1e-3))))
+
 
 # the jit function whose registers and spills a candidate records: its kernel's main one
 MAIN_FUNCTION = {kernel: names[-1] for kernel, (_, names) in KERNEL_FUNCTIONS.items()}
@@ -205,7 +218,8 @@ class _Bench:
                                         **run)
 
     def time_us(self, fn) -> tuple[float, str]:
-        """Median µs per call: CUDA-graph replays on the GPU (events where capture fails)."""
+        """Median µs per call: CUDA-graph replays of :func:`calls_per_replay` calls on the GPU (events around each
+        eager call where capture fails)."""
         from ..bench import timing
 
         p = self.params
@@ -218,9 +232,18 @@ class _Bench:
         except timing.GraphUnsafe:
             samples = [t for _ in range(p.rounds) for t in timing.time_wall(fn, p.iters)]
             return statistics.median(samples), "cuda events per eager call (graph capture failed)"
-        samples = [t for _ in range(p.rounds) for t in timing.time_graph(graph, p.iters)]
+        calls = calls_per_replay(statistics.median(timing.time_graph(graph, 5)))
+        if calls > 1:
+            del graph
+
+            def repeated():
+                for _ in range(calls):
+                    fn()
+
+            graph = timing.capture_graph(repeated)
+        samples = [t / calls for _ in range(p.rounds) for t in timing.time_graph(graph, p.iters)]
         del graph
-        return statistics.median(samples), "cuda graph replay of one stage call"
+        return statistics.median(samples), f"cuda graph replay of {calls} stage calls, per call"
 
     def warm(self, kernel: str, route: str, point: Point) -> dict:
         """Compile one candidate (its forward on the gate's input, run once) to fill Triton's cache."""

@@ -42,7 +42,7 @@ def make_entry(env: dict, task: Task, shape, set_name: str, space: Space, res: S
         "gate": f"whole chunk_{shape.family} forward of the route under the candidate config vs the fp64 recurrence "
                 "(gdnbench.oracle.check, data-derived budget); err_vs_default: rel-RMS against the default config",
         "timing": {"what": "the stage kernel alone, stage inputs precomputed with the default config",
-                   "method": "median of CUDA-graph replays of one stage call", "warmup": opts.warmup,
+                   "method": "median per call of CUDA-graph replays of as many stage calls as take 200 µs (1 to 16)", "warmup": opts.warmup,
                    "rounds": opts.rounds, "iters": opts.iters, "device": opts.device},
         "default": {"config": space.start, "time_us": default_t},
         "best": {"config": best["config"], "time_us": best["time_us"]} if best else None,
