@@ -15,6 +15,7 @@ from typing import Callable
 from ..kernels import tuned
 from ..kernels.cache_key import device_identity, entry_key
 from ..bench.worker import CompilePool, WorkerClient
+from .bench import REPLAY_MIN_US, STAGE_CALLS_MAX
 from .space import build_space, restricted, Space
 from .plan import cached_tasks, per_candidate, Task, TuneOptions
 from .search import is_ok, search, SearchResult, seed_points
@@ -42,8 +43,9 @@ def make_entry(env: dict, task: Task, shape, set_name: str, space: Space, res: S
         "gate": f"whole chunk_{shape.family} forward of the route under the candidate config vs the fp64 recurrence "
                 "(gdnbench.oracle.check, data-derived budget); err_vs_default: rel-RMS against the default config",
         "timing": {"what": "the stage kernel alone, stage inputs precomputed with the default config",
-                   "method": "median per call of CUDA-graph replays of as many stage calls as take 200 µs (1 to 16)", "warmup": opts.warmup,
-                   "rounds": opts.rounds, "iters": opts.iters, "device": opts.device},
+                   "method": f"median per call of CUDA-graph replays of as many stage calls as take {REPLAY_MIN_US:.0f} µs "
+                             f"(1 to {STAGE_CALLS_MAX})",
+                   "warmup": opts.warmup, "rounds": opts.rounds, "iters": opts.iters, "device": opts.device},
         "default": {"config": space.start, "time_us": default_t},
         "best": {"config": best["config"], "time_us": best["time_us"]} if best else None,
         "speedup": (default_t / best["time_us"]) if default_t and best else None,
