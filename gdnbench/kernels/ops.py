@@ -47,6 +47,7 @@ as one kernel (``kda_state_output``): no h per chunk, no v_new in memory.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import os
 from dataclasses import dataclass
 
@@ -335,9 +336,11 @@ def state_recurrence(k, w, u, g_cs, *, initial_state=None, output_final_state=Fa
     return h, v_new, ht
 
 
+@functools.cache
 def _fixup_output(device) -> bool:
     """Whether fused_qk's output kernel leaves its risky programs to a fix-up launch (sm_100 and later, where Triton
-    3.6 fails to compile the call that redoes them in the program: kernels/output.py, _output_rare)."""
+    3.6 fails to compile the call that redoes them in the program: kernels/output.py, _output_rare); asked once per
+    device, as kda16_cuda._runs_on is: every fused_qk forward on the two-kernel path asks."""
     return device.type == "cuda" and torch.cuda.get_device_capability(device)[0] >= 10
 
 
@@ -360,8 +363,8 @@ def chunk_output(q, k, v_new, h, g_cs, *, scale, rstd_k=None, ssq_k=None, fuse_q
     BV = block(cfg.BV, V)
     grid = (cdiv(V, BV), n_grid, B * HV)
     n_flags = grid[0] * grid[1] * grid[2]
-    risky = torch.empty(n_flags, device=q.device, dtype=torch.int8) if fuse_k else None
     fixup = fuse_k and _fixup_output(q.device)
+    risky = torch.empty(n_flags, device=q.device, dtype=torch.int8) if fixup else None  # sm_90's redo writes no flag
     _launch_fixed_up(output_kernel, grid, cfg,
                      (q, k, v_new, h, g_cs, rstd_k, ssq_k, aqk, o, risky, *_varlen_args(varlen), float(scale), T, NT),
                      (n_grid, n_flags), n_flags, fixup, H=H, HV=HV, K=K, V=V, BK=block(cfg.BK, K), BV=BV,
